@@ -1,0 +1,21 @@
+//! The pure core of skillstate: skills, state, patches, validation, prompt rendering and token
+//! counting. No async, no network, no database; the only I/O is reading a skill directory.
+
+pub mod json;
+pub mod output;
+pub mod patch;
+pub mod prompt;
+pub mod schema;
+pub mod skill;
+pub mod tokens;
+pub mod tool;
+pub mod validate;
+
+pub use output::{ParsedOutput, RawAction, parse_output};
+pub use patch::StatePatch;
+pub use prompt::{ContextStrategy, Prompt, PromptInput, fit_observation, render};
+pub use schema::StateSchema;
+pub use skill::{Skill, SkillDefinition, SkillErrors, SkillProblem};
+pub use tokens::count_tokens;
+pub use tool::{SideEffect, ToolCatalog, ToolSpec};
+pub use validate::{AcceptedStep, Action, Rejection, RejectedStep, RejectionKind, StepRules, validate_step};

@@ -1,0 +1,133 @@
+//! `skill.toml`: runtime settings kept beside SKILL.md so the skill stays a valid Agent Skill.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub const DEFAULT_STATE_TOKENS: usize = 2000;
+pub const DEFAULT_OBSERVATION_TOKENS: usize = 1000;
+pub const DEFAULT_MAX_RETRIES: u32 = 2;
+pub const DEFAULT_MAX_STEPS: u32 = 100;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SkillSettings {
+    pub budgets: Budgets,
+    pub run: RunLimits,
+    pub tools: ToolSelection,
+    /// The world the skill acts on, when a built-in environment provides it.
+    pub environment: Option<EnvironmentSettings>,
+}
+
+impl Default for SkillSettings {
+    fn default() -> Self {
+        Self {
+            budgets: Budgets::default(),
+            run: RunLimits::default(),
+            tools: ToolSelection::default(),
+            environment: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budgets {
+    /// Largest allowed state, in o200k_base tokens of its compact JSON.
+    pub state_tokens: usize,
+    /// Longest observation shown in a prompt; longer ones are cut with a marker.
+    pub observation_tokens: usize,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self {
+            state_tokens: DEFAULT_STATE_TOKENS,
+            observation_tokens: DEFAULT_OBSERVATION_TOKENS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunLimits {
+    /// Rejected outputs allowed per step before the task fails.
+    pub max_retries: u32,
+    /// Accepted steps allowed before the task stops.
+    pub max_steps: u32,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        Self {
+            max_retries: DEFAULT_MAX_RETRIES,
+            max_steps: DEFAULT_MAX_STEPS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolSelection {
+    /// Tool names (`ship`, `fs.read`) or whole tool sources (`warehouse`, `fs`) the skill may use.
+    pub allow: Vec<String>,
+}
+
+impl ToolSelection {
+    pub fn allows(&self, tool_name: &str, source: &str) -> bool {
+        self.allow.iter().any(|entry| entry == tool_name || entry == source)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnvironmentSettings {
+    /// Which built-in environment (`warehouse`, ...).
+    pub kind: String,
+    /// Everything else in the `[environment]` table, passed to the environment as is.
+    #[serde(flatten)]
+    pub params: Map<String, Value>,
+}
+
+impl SkillSettings {
+    /// Parses `skill.toml` text. Errors carry a 1-based line and column when the parser knows them.
+    pub fn from_toml(text: &str) -> Result<Self, (Option<(usize, usize)>, String)> {
+        toml::from_str::<SkillSettings>(text).map_err(|error| {
+            let position = error.span().map(|span| line_column(text, span.start));
+            (position, error.message().to_owned())
+        })
+    }
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_section() {
+        let s = SkillSettings::from_toml(
+            "[budgets]\nstate_tokens = 900\n[run]\nmax_steps = 12\n[tools]\nallow = [\"warehouse\"]\n[environment]\nkind = \"warehouse\"\nseed = 7\n",
+        )
+        .unwrap();
+        assert_eq!(s.budgets.state_tokens, 900);
+        assert_eq!(s.budgets.observation_tokens, DEFAULT_OBSERVATION_TOKENS);
+        assert_eq!(s.run.max_steps, 12);
+        assert!(s.tools.allows("ship", "warehouse"));
+        let env = s.environment.unwrap();
+        assert_eq!(env.kind, "warehouse");
+        assert_eq!(env.params["seed"], 7);
+    }
+
+    #[test]
+    fn unknown_keys_report_their_line() {
+        let (position, message) = SkillSettings::from_toml("[run]\nmax_steps = 3\nmax_stepz = 4\n").unwrap_err();
+        assert_eq!(position.map(|p| p.0), Some(3));
+        assert!(message.contains("max_stepz"), "{message}");
+    }
+}

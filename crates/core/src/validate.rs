@@ -1,0 +1,306 @@
+//! The validation pipeline of DESIGN.md §3 step 3: parse → patch shape → read-only paths →
+//! apply to a copy → schema → state budget → action. The current state is never modified; the
+//! caller gets either everything needed to commit, or every problem found.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::json::state_hash;
+use crate::output::{ParsedOutput, RawAction, parse_output};
+use crate::patch::StatePatch;
+use crate::schema::StateSchema;
+use crate::tokens::count_tokens;
+use crate::tool::{ASK_USER, FINISH, ToolCatalog};
+
+/// Which check a rejection comes from, in pipeline order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    Parse,
+    PatchShape,
+    ReadOnly,
+    PatchApply,
+    Schema,
+    StateBudget,
+    UnknownTool,
+    ToolArgs,
+}
+
+impl RejectionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectionKind::Parse => "parse",
+            RejectionKind::PatchShape => "patch_shape",
+            RejectionKind::ReadOnly => "read_only",
+            RejectionKind::PatchApply => "patch_apply",
+            RejectionKind::Schema => "schema",
+            RejectionKind::StateBudget => "state_budget",
+            RejectionKind::UnknownTool => "unknown_tool",
+            RejectionKind::ToolArgs => "tool_args",
+        }
+    }
+}
+
+/// Which document a rejection's pointer points into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Document {
+    /// The model's output object (`/state_patch/...`, `/action/args/...`).
+    Output,
+    /// The state as it would be after the patch.
+    State,
+}
+
+/// One reason a model output was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    pub kind: RejectionKind,
+    pub document: Document,
+    pub pointer: String,
+    pub message: String,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let doc = match self.document {
+            Document::Output => "output",
+            Document::State => "state",
+        };
+        let pointer = if self.pointer.is_empty() { "(root)" } else { &self.pointer };
+        write!(f, "[{}] {doc} {pointer}: {}", self.kind.as_str(), self.message)
+    }
+}
+
+/// The action of an accepted step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Action {
+    Tool { name: String, args: Value },
+    Finish { result: Value },
+    AskUser { question: String },
+}
+
+impl Action {
+    /// The `{tool, args}` form the model used, which is also how the journal stores it.
+    pub fn to_call_json(&self) -> Value {
+        match self {
+            Action::Tool { name, args } => serde_json::json!({"tool": name, "args": args}),
+            Action::Finish { result } => serde_json::json!({"tool": FINISH, "args": {"result": result}}),
+            Action::AskUser { question } => serde_json::json!({"tool": ASK_USER, "args": {"question": question}}),
+        }
+    }
+
+    pub fn from_call_json(value: &Value) -> Option<Action> {
+        let name = value.get("tool")?.as_str()?;
+        let args = value.get("args").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+        Some(Self::from_raw(name, args))
+    }
+
+    fn from_raw(name: &str, args: Value) -> Action {
+        match name {
+            FINISH => Action::Finish {
+                result: args.get("result").cloned().unwrap_or(Value::Null),
+            },
+            ASK_USER => Action::AskUser {
+                question: args.get("question").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            },
+            _ => Action::Tool { name: name.to_owned(), args },
+        }
+    }
+
+    /// Short human form: `ship(item=item_1, shelf=shelf_4)`.
+    pub fn summary(&self) -> String {
+        let (name, args) = match self {
+            Action::Tool { name, args } => (name.as_str(), args.clone()),
+            Action::Finish { result } => (FINISH, serde_json::json!({"result": result})),
+            Action::AskUser { question } => (ASK_USER, serde_json::json!({"question": question})),
+        };
+        let rendered: Vec<String> = match &args {
+            Value::Object(map) => map
+                .iter()
+                .map(|(k, v)| match v {
+                    Value::String(s) => format!("{k}={s}"),
+                    other => format!("{k}={other}"),
+                })
+                .collect(),
+            Value::Null => Vec::new(),
+            other => vec![other.to_string()],
+        };
+        format!("{name}({})", rendered.join(", "))
+    }
+}
+
+/// Everything the pipeline checks against.
+pub struct StepRules<'a> {
+    pub schema: &'a StateSchema,
+    pub catalog: &'a ToolCatalog,
+    pub state_token_budget: usize,
+}
+
+/// An output that passed every check: ready to commit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedStep {
+    pub reasoning: String,
+    pub patch: StatePatch,
+    pub action: Action,
+    pub new_state: Value,
+    pub state_hash: String,
+    pub state_tokens: usize,
+}
+
+/// An output that failed: every problem found, and what could be parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RejectedStep {
+    pub parsed: Option<ParsedOutput>,
+    pub rejections: Vec<Rejection>,
+}
+
+/// Runs the whole pipeline on one raw model output. `state` is only read.
+pub fn validate_step(rules: &StepRules<'_>, state: &Value, raw_output: &str) -> Result<AcceptedStep, RejectedStep> {
+    let parsed = match parse_output(raw_output) {
+        Ok(parsed) => parsed,
+        Err(problem) => {
+            return Err(RejectedStep {
+                parsed: None,
+                rejections: vec![Rejection {
+                    kind: RejectionKind::Parse,
+                    document: Document::Output,
+                    pointer: problem.pointer,
+                    message: problem.message,
+                }],
+            });
+        }
+    };
+    let mut rejections = Vec::new();
+    let patched = check_patch(rules, state, &parsed.state_patch, &mut rejections);
+    let action = check_action(rules.catalog, &parsed.action, &mut rejections);
+    match (patched, action) {
+        (Some((patch, new_state, state_tokens)), Some(action)) if rejections.is_empty() => Ok(AcceptedStep {
+            reasoning: parsed.reasoning,
+            patch,
+            action,
+            state_hash: state_hash(&new_state),
+            new_state,
+            state_tokens,
+        }),
+        _ => Err(RejectedStep {
+            parsed: Some(parsed),
+            rejections,
+        }),
+    }
+}
+
+fn check_patch(
+    rules: &StepRules<'_>,
+    state: &Value,
+    raw_patch: &Value,
+    rejections: &mut Vec<Rejection>,
+) -> Option<(StatePatch, Value, usize)> {
+    let patch = match StatePatch::from_value(raw_patch) {
+        Ok(patch) => patch,
+        Err(problem) => {
+            rejections.push(Rejection {
+                kind: RejectionKind::PatchShape,
+                document: Document::Output,
+                pointer: format!("/state_patch{}", problem.pointer),
+                message: problem.message,
+            });
+            return None;
+        }
+    };
+
+    let protected = rules.schema.read_only_locations(state);
+    let mut read_only_hits = Vec::new();
+    for touch in patch.touches(state) {
+        let hits_ancestor_or_self = rules.schema.is_read_only_at(&touch.pointer);
+        let hits_descendant = touch.replaces
+            && protected
+                .iter()
+                .any(|p| crate::json::pointer_is_within(p, &touch.pointer));
+        if (hits_ancestor_or_self || hits_descendant) && !read_only_hits.contains(&touch.pointer) {
+            read_only_hits.push(touch.pointer);
+        }
+    }
+    if !read_only_hits.is_empty() {
+        for pointer in read_only_hits {
+            rejections.push(Rejection {
+                kind: RejectionKind::ReadOnly,
+                document: Document::State,
+                message: format!(
+                    "{pointer} is read-only (owned by the runtime or the user); leave it out of state_patch"
+                ),
+                pointer,
+            });
+        }
+        return None;
+    }
+
+    let new_state = match patch.apply(state) {
+        Ok(next) => next,
+        Err(problem) => {
+            rejections.push(Rejection {
+                kind: RejectionKind::PatchApply,
+                document: Document::State,
+                pointer: problem.pointer,
+                message: problem.message,
+            });
+            return None;
+        }
+    };
+
+    let violations = rules.schema.violations(&new_state);
+    if !violations.is_empty() {
+        for v in violations {
+            rejections.push(Rejection {
+                kind: RejectionKind::Schema,
+                document: Document::State,
+                message: format!("after the patch the state breaks the schema: {}", v.message),
+                pointer: v.pointer,
+            });
+        }
+        return None;
+    }
+
+    let state_tokens = count_tokens(&serde_json::to_string(&new_state).unwrap_or_default());
+    if state_tokens > rules.state_token_budget {
+        rejections.push(Rejection {
+            kind: RejectionKind::StateBudget,
+            document: Document::State,
+            pointer: String::new(),
+            message: format!(
+                "the new state would be {state_tokens} tokens, over the budget of {}; keep only what the procedure needs (null deletes a key)",
+                rules.state_token_budget
+            ),
+        });
+        return None;
+    }
+    Some((patch, new_state, state_tokens))
+}
+
+fn check_action(catalog: &ToolCatalog, raw: &RawAction, rejections: &mut Vec<Rejection>) -> Option<Action> {
+    match catalog.check_args(&raw.tool, &raw.args) {
+        None => {
+            rejections.push(Rejection {
+                kind: RejectionKind::UnknownTool,
+                document: Document::Output,
+                pointer: "/action/tool".into(),
+                message: format!("no tool named \"{}\"; available: {}", raw.tool, catalog.names().join(", ")),
+            });
+            None
+        }
+        Some(problems) if !problems.is_empty() => {
+            for problem in problems {
+                rejections.push(Rejection {
+                    kind: RejectionKind::ToolArgs,
+                    document: Document::Output,
+                    pointer: format!("/action/args{}", problem.pointer),
+                    message: format!("bad argument for {}: {}", raw.tool, problem.message),
+                });
+            }
+            None
+        }
+        Some(_) => Some(Action::from_raw(&raw.tool, raw.args.clone())),
+    }
+}
