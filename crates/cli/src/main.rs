@@ -1,1 +1,74 @@
-fn main() {}
+//! The `skillstate` command: wires the crates together; no logic of its own beyond presentation.
+
+mod commands;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "skillstate",
+    version,
+    about = "Run long-horizon LLM agents on explicit, validated state"
+)]
+struct Cli {
+    /// Database: a SQLite file path (created if missing).
+    #[arg(long, global = true, env = "SKILLSTATE_DB", default_value = skillstate_store::DEFAULT_DB)]
+    db: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a skill directory and report every problem with its file and line or JSON pointer.
+    Validate {
+        /// The skill directory (holds SKILL.md).
+        skill: PathBuf,
+    },
+    /// Start a task for a skill and run it to the end.
+    Run(commands::run::RunArgs),
+    /// List the tasks in the database.
+    Tasks,
+    /// Show a task: its state and one row per step, or the state/prompt of one step.
+    Show(commands::show::ShowArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SKILLSTATE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Validate { skill } => commands::validate::run(&skill),
+            Command::Run(args) => commands::run::run(&cli.db, args).await,
+            Command::Tasks => commands::tasks::run(&cli.db).await,
+            Command::Show(args) => commands::show::run(&cli.db, args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -18,4 +18,6 @@ pub use schema::StateSchema;
 pub use skill::{Skill, SkillDefinition, SkillErrors, SkillProblem};
 pub use tokens::count_tokens;
 pub use tool::{SideEffect, ToolCatalog, ToolSpec};
-pub use validate::{AcceptedStep, Action, Rejection, RejectedStep, RejectionKind, StepRules, validate_step};
+pub use validate::{
+    AcceptedStep, Action, RejectedStep, Rejection, RejectionKind, StepRules, validate_step,
+};

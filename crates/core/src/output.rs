@@ -38,10 +38,15 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
     if trimmed.starts_with('{') {
         return match serde_json::from_str::<Value>(trimmed) {
             Ok(Value::Object(map)) => from_object(map, None),
-            Ok(_) => Err(problem("", format!("the output is not a JSON object; {EXPECTED_FORM}"))),
+            Ok(_) => Err(problem(
+                "",
+                format!("the output is not a JSON object; {EXPECTED_FORM}"),
+            )),
             Err(error) => Err(problem(
                 "",
-                format!("the output starts like JSON but is not valid JSON ({error}); {EXPECTED_FORM}"),
+                format!(
+                    "the output starts like JSON but is not valid JSON ({error}); {EXPECTED_FORM}"
+                ),
             )),
         };
     }
@@ -53,7 +58,10 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
     };
     match serde_json::from_str::<Value>(block.trim()) {
         Ok(Value::Object(map)) => from_object(map, Some(before.trim().to_owned())),
-        Ok(_) => Err(problem("", format!("the ```json block does not hold a JSON object; {EXPECTED_FORM}"))),
+        Ok(_) => Err(problem(
+            "",
+            format!("the ```json block does not hold a JSON object; {EXPECTED_FORM}"),
+        )),
         Err(error) => Err(problem(
             "",
             format!("the ```json block is not valid JSON ({error}); {EXPECTED_FORM}"),
@@ -61,7 +69,10 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
     }
 }
 
-fn from_object(mut map: Map<String, Value>, text_reasoning: Option<String>) -> Result<ParsedOutput, ParseProblem> {
+fn from_object(
+    mut map: Map<String, Value>,
+    text_reasoning: Option<String>,
+) -> Result<ParsedOutput, ParseProblem> {
     let reasoning = match map.remove("reasoning") {
         Some(Value::String(s)) => s,
         Some(Value::Null) | None => text_reasoning.unwrap_or_default(),
@@ -96,9 +107,17 @@ fn parse_action(action: Value) -> Result<RawAction, ParseProblem> {
     let tool = match map.remove("tool") {
         Some(Value::String(name)) if !name.trim().is_empty() => name,
         Some(_) => {
-            return Err(problem("/action/tool", "\"tool\" must be a non-empty string naming a tool".to_owned()));
+            return Err(problem(
+                "/action/tool",
+                "\"tool\" must be a non-empty string naming a tool".to_owned(),
+            ));
         }
-        None => return Err(problem("/action/tool", "missing key \"tool\" in \"action\"".to_owned())),
+        None => {
+            return Err(problem(
+                "/action/tool",
+                "missing key \"tool\" in \"action\"".to_owned(),
+            ));
+        }
     };
     let args = match map.remove("args") {
         None | Some(Value::Null) => Value::Object(Map::new()),
@@ -120,7 +139,9 @@ fn last_fenced_block(text: &str) -> Option<(&str, &str)> {
     let after_ticks = &text[open + 3..close];
     // Drop an info string such as `json` on the opening fence line.
     let body = match after_ticks.find('\n') {
-        Some(newline) if !after_ticks[..newline].trim_start().starts_with('{') => &after_ticks[newline + 1..],
+        Some(newline) if !after_ticks[..newline].trim_start().starts_with('{') => {
+            &after_ticks[newline + 1..]
+        }
         _ => after_ticks,
     };
     Some((&text[..open], body))
@@ -151,19 +172,50 @@ mod tests {
     fn parses_text_then_fenced_json() {
         let text = "The order is for item_3, which sits on shelf_9.\n\n```json\n{\"state_patch\": {}, \"action\": {\"tool\": \"wait\"}}\n```\n";
         let out = parse_output(text).unwrap();
-        assert_eq!(out.reasoning, "The order is for item_3, which sits on shelf_9.");
+        assert_eq!(
+            out.reasoning,
+            "The order is for item_3, which sits on shelf_9."
+        );
         assert_eq!(out.action.args, json!({}));
     }
 
     #[test]
     fn explains_what_was_expected() {
-        for bad in ["", "I will ship the item.", "[1,2]", "{\"state_patch\": {}", "```json\n[]\n```"] {
+        for bad in [
+            "",
+            "I will ship the item.",
+            "[1,2]",
+            "{\"state_patch\": {}",
+            "```json\n[]\n```",
+        ] {
             let err = parse_output(bad).unwrap_err();
-            assert!(err.message.contains("expected"), "{bad:?} -> {}", err.message);
+            assert!(
+                err.message.contains("expected"),
+                "{bad:?} -> {}",
+                err.message
+            );
         }
-        assert_eq!(parse_output(r#"{"action":{"tool":"wait"}}"#).unwrap_err().pointer, "/state_patch");
-        assert_eq!(parse_output(r#"{"state_patch":{}}"#).unwrap_err().pointer, "/action");
-        assert_eq!(parse_output(r#"{"state_patch":{},"action":{"tool":"ship","item":"x"}}"#).unwrap_err().pointer, "/action/item");
-        assert_eq!(parse_output(r#"{"state_patch":{},"action":"wait"}"#).unwrap_err().pointer, "/action");
+        assert_eq!(
+            parse_output(r#"{"action":{"tool":"wait"}}"#)
+                .unwrap_err()
+                .pointer,
+            "/state_patch"
+        );
+        assert_eq!(
+            parse_output(r#"{"state_patch":{}}"#).unwrap_err().pointer,
+            "/action"
+        );
+        assert_eq!(
+            parse_output(r#"{"state_patch":{},"action":{"tool":"ship","item":"x"}}"#)
+                .unwrap_err()
+                .pointer,
+            "/action/item"
+        );
+        assert_eq!(
+            parse_output(r#"{"state_patch":{},"action":"wait"}"#)
+                .unwrap_err()
+                .pointer,
+            "/action"
+        );
     }
 }

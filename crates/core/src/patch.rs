@@ -37,7 +37,9 @@ impl StatePatch {
             Value::Object(map) => Ok(StatePatch::Merge(map.clone())),
             Value::Array(ops) => {
                 for (index, op) in ops.iter().enumerate() {
-                    if let Err(error) = serde_json::from_value::<json_patch::PatchOperation>(op.clone()) {
+                    if let Err(error) =
+                        serde_json::from_value::<json_patch::PatchOperation>(op.clone())
+                    {
                         return Err(PatchProblem {
                             pointer: format!("/{index}"),
                             message: format!(
@@ -46,10 +48,11 @@ impl StatePatch {
                         });
                     }
                 }
-                let patch = serde_json::from_value(value.clone()).map_err(|error| PatchProblem {
-                    pointer: String::new(),
-                    message: format!("not a JSON Patch: {error}"),
-                })?;
+                let patch =
+                    serde_json::from_value(value.clone()).map_err(|error| PatchProblem {
+                        pointer: String::new(),
+                        message: format!("not a JSON Patch: {error}"),
+                    })?;
                 Ok(StatePatch::Json(patch))
             }
             other => Err(PatchProblem {
@@ -84,7 +87,10 @@ impl StatePatch {
             StatePatch::Json(patch) => {
                 json_patch::patch(&mut next, patch).map_err(|error| PatchProblem {
                     pointer: error.path.to_string(),
-                    message: format!("JSON Patch operation {} failed: {}", error.operation, error.kind),
+                    message: format!(
+                        "JSON Patch operation {} failed: {}",
+                        error.operation, error.kind
+                    ),
                 })?;
             }
         }
@@ -100,13 +106,31 @@ impl StatePatch {
                 for op in &patch.0 {
                     use json_patch::PatchOperation as Op;
                     match op {
-                        Op::Add(o) => out.push(Touch { pointer: o.path.to_string(), replaces: true }),
-                        Op::Remove(o) => out.push(Touch { pointer: o.path.to_string(), replaces: true }),
-                        Op::Replace(o) => out.push(Touch { pointer: o.path.to_string(), replaces: true }),
-                        Op::Copy(o) => out.push(Touch { pointer: o.path.to_string(), replaces: true }),
+                        Op::Add(o) => out.push(Touch {
+                            pointer: o.path.to_string(),
+                            replaces: true,
+                        }),
+                        Op::Remove(o) => out.push(Touch {
+                            pointer: o.path.to_string(),
+                            replaces: true,
+                        }),
+                        Op::Replace(o) => out.push(Touch {
+                            pointer: o.path.to_string(),
+                            replaces: true,
+                        }),
+                        Op::Copy(o) => out.push(Touch {
+                            pointer: o.path.to_string(),
+                            replaces: true,
+                        }),
                         Op::Move(o) => {
-                            out.push(Touch { pointer: o.from.to_string(), replaces: true });
-                            out.push(Touch { pointer: o.path.to_string(), replaces: true });
+                            out.push(Touch {
+                                pointer: o.from.to_string(),
+                                replaces: true,
+                            });
+                            out.push(Touch {
+                                pointer: o.path.to_string(),
+                                replaces: true,
+                            });
                         }
                         Op::Test(_) => {}
                     }
@@ -128,15 +152,24 @@ fn merge_touches(
         let current = target.and_then(|t| t.get(key));
         match (value, current) {
             (Value::Object(inner), Some(Value::Object(_))) => {
-                out.push(Touch { pointer: pointer.clone(), replaces: false });
+                out.push(Touch {
+                    pointer: pointer.clone(),
+                    replaces: false,
+                });
                 merge_touches(inner, current, pointer, out);
             }
             (Value::Object(inner), _) => {
                 // A merge into a non-object replaces it with the patch's object.
-                out.push(Touch { pointer: pointer.clone(), replaces: true });
+                out.push(Touch {
+                    pointer: pointer.clone(),
+                    replaces: true,
+                });
                 merge_touches(inner, None, pointer, out);
             }
-            _ => out.push(Touch { pointer, replaces: true }),
+            _ => out.push(Touch {
+                pointer,
+                replaces: true,
+            }),
         }
     }
 }
@@ -160,9 +193,14 @@ mod tests {
     #[test]
     fn merge_patch_deletes_with_null_and_leaves_input_untouched() {
         let state = json!({"inventory": {"shelf_1": "item_1", "shelf_2": "item_2"}});
-        let patch = StatePatch::from_value(&json!({"inventory": {"shelf_1": null, "shelf_3": "item_3"}})).unwrap();
+        let patch =
+            StatePatch::from_value(&json!({"inventory": {"shelf_1": null, "shelf_3": "item_3"}}))
+                .unwrap();
         let next = patch.apply(&state).unwrap();
-        assert_eq!(next, json!({"inventory": {"shelf_2": "item_2", "shelf_3": "item_3"}}));
+        assert_eq!(
+            next,
+            json!({"inventory": {"shelf_2": "item_2", "shelf_3": "item_3"}})
+        );
         assert_eq!(state["inventory"]["shelf_1"], "item_1");
     }
 
@@ -182,7 +220,10 @@ mod tests {
 
     #[test]
     fn shape_errors_name_the_operation() {
-        let err = StatePatch::from_value(&json!([{"op": "add", "path": "/a", "value": 1}, {"op": "explode"}])).unwrap_err();
+        let err = StatePatch::from_value(
+            &json!([{"op": "add", "path": "/a", "value": 1}, {"op": "explode"}]),
+        )
+        .unwrap_err();
         assert_eq!(err.pointer, "/1");
         let err = StatePatch::from_value(&json!("set a to 1")).unwrap_err();
         assert!(err.message.contains("found a string"));
@@ -196,10 +237,22 @@ mod tests {
         assert_eq!(
             patch.touches(&state),
             vec![
-                Touch { pointer: "/a".into(), replaces: false },
-                Touch { pointer: "/a/b".into(), replaces: true },
-                Touch { pointer: "/c".into(), replaces: true },
-                Touch { pointer: "/c/d".into(), replaces: true },
+                Touch {
+                    pointer: "/a".into(),
+                    replaces: false
+                },
+                Touch {
+                    pointer: "/a/b".into(),
+                    replaces: true
+                },
+                Touch {
+                    pointer: "/c".into(),
+                    replaces: true
+                },
+                Touch {
+                    pointer: "/c/d".into(),
+                    replaces: true
+                },
             ]
         );
     }

@@ -156,7 +156,13 @@ impl StateSchema {
         }
     }
 
-    fn collect_read_only(&self, schema: &Value, instance: &Value, at: String, found: &mut Vec<String>) {
+    fn collect_read_only(
+        &self,
+        schema: &Value,
+        instance: &Value,
+        at: String,
+        found: &mut Vec<String>,
+    ) {
         let mut expanded = Vec::new();
         self.expand(schema, &mut expanded, 0);
         if expanded.iter().any(|s| is_read_only(s)) {
@@ -167,7 +173,12 @@ impl StateSchema {
             Value::Object(map) => {
                 for (key, child) in map {
                     for sub in expanded.iter().flat_map(|s| child_schemas(s, key)) {
-                        self.collect_read_only(sub, child, format!("{at}/{}", escape_token(key)), found);
+                        self.collect_read_only(
+                            sub,
+                            child,
+                            format!("{at}/{}", escape_token(key)),
+                            found,
+                        );
                     }
                 }
             }
@@ -232,7 +243,10 @@ fn child_schemas<'a>(schema: &'a Value, token: &str) -> Vec<&'a Value> {
             }
         }
     }
-    if !matched_named && let Some(sub) = schema.get("additionalProperties") && sub.is_object() {
+    if !matched_named
+        && let Some(sub) = schema.get("additionalProperties")
+        && sub.is_object()
+    {
         children.push(sub);
     }
     if let Ok(index) = token.parse::<usize>() {
@@ -297,8 +311,12 @@ mod tests {
         assert!(!s.is_read_only_at("/inventory/shelf_1"));
         assert!(s.is_read_only_at("/log/3/at"));
         assert!(!s.is_read_only_at("/log/3/what"));
-        let state = json!({"facility": {"shelves": 500}, "inventory": {}, "log": [{"at": 1}, {"at": 2}]});
-        assert_eq!(s.read_only_locations(&state), vec!["/facility", "/log/0/at", "/log/1/at"]);
+        let state =
+            json!({"facility": {"shelves": 500}, "inventory": {}, "log": [{"at": 1}, {"at": 2}]});
+        assert_eq!(
+            s.read_only_locations(&state),
+            vec!["/facility", "/log/0/at", "/log/1/at"]
+        );
         assert_eq!(s.declared_read_only_properties(), vec!["/facility"]);
     }
 
@@ -313,11 +331,19 @@ mod tests {
 
     #[test]
     fn rejects_non_schemas() {
-        let err = StateSchema::compile(json!({"type": "object", "properties": {"a": {"type": 12}}})).err().unwrap();
+        let err =
+            StateSchema::compile(json!({"type": "object", "properties": {"a": {"type": 12}}}))
+                .err()
+                .unwrap();
         assert!(err.message.contains("not a valid JSON Schema"), "{err:?}");
-        let err = StateSchema::compile(json!({"type": "array"})).err().unwrap();
+        let err = StateSchema::compile(json!({"type": "array"}))
+            .err()
+            .unwrap();
         assert_eq!(err.pointer, "/type");
-        let err = StateSchema::compile(json!({"$schema": "http://json-schema.org/draft-07/schema#"})).err().unwrap();
+        let err =
+            StateSchema::compile(json!({"$schema": "http://json-schema.org/draft-07/schema#"}))
+                .err()
+                .unwrap();
         assert_eq!(err.pointer, "/$schema");
     }
 }

@@ -47,14 +47,17 @@ pub fn control_specs() -> Vec<ToolSpec> {
     vec![
         ToolSpec {
             name: FINISH.into(),
-            description: "End the task. Use only when the procedure says the task is complete.".into(),
+            description: "End the task. Use only when the procedure says the task is complete."
+                .into(),
             input_schema: json!({"type": "object", "properties": {"result": {}}, "additionalProperties": false}),
             side_effect: SideEffect::ReadOnly,
             source: "runtime".into(),
         },
         ToolSpec {
             name: ASK_USER.into(),
-            description: "Pause and ask the user a question; the answer arrives as the next observation.".into(),
+            description:
+                "Pause and ask the user a question; the answer arrives as the next observation."
+                    .into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {"question": {"type": "string", "minLength": 1}},
@@ -78,7 +81,9 @@ pub struct ToolCatalog {
 pub enum CatalogError {
     #[error("tool `{0}` is defined twice; tool names must be unique within a task")]
     Duplicate(String),
-    #[error("tool `{0}` clashes with the built-in control action of the same name; rename the tool")]
+    #[error(
+        "tool `{0}` clashes with the built-in control action of the same name; rename the tool"
+    )]
     Reserved(String),
     #[error("tool `{name}` has an input schema that is not valid JSON Schema: {message}")]
     BadSchema { name: String, message: String },
@@ -162,7 +167,12 @@ mod tests {
     fn catalog_checks_args_and_names() {
         let catalog = ToolCatalog::new(vec![ship()]).unwrap();
         assert_eq!(catalog.names(), vec!["ship", "finish", "ask_user"]);
-        assert!(catalog.check_args("ship", &json!({"item": "item_1"})).unwrap().is_empty());
+        assert!(
+            catalog
+                .check_args("ship", &json!({"item": "item_1"}))
+                .unwrap()
+                .is_empty()
+        );
         let problems = catalog.check_args("ship", &json!({"item": 3})).unwrap();
         assert_eq!(problems[0].pointer, "/item");
         assert!(catalog.check_args("teleport", &json!({})).is_none());
@@ -170,9 +180,15 @@ mod tests {
 
     #[test]
     fn catalog_refuses_duplicates_and_reserved_names() {
-        assert_eq!(ToolCatalog::new(vec![ship(), ship()]).err(), Some(CatalogError::Duplicate("ship".into())));
+        assert_eq!(
+            ToolCatalog::new(vec![ship(), ship()]).err(),
+            Some(CatalogError::Duplicate("ship".into()))
+        );
         let mut finish = ship();
         finish.name = FINISH.into();
-        assert_eq!(ToolCatalog::new(vec![finish]).err(), Some(CatalogError::Reserved("finish".into())));
+        assert_eq!(
+            ToolCatalog::new(vec![finish]).err(),
+            Some(CatalogError::Reserved("finish".into()))
+        );
     }
 }

@@ -68,8 +68,17 @@ impl fmt::Display for Rejection {
             Document::Output => "output",
             Document::State => "state",
         };
-        let pointer = if self.pointer.is_empty() { "(root)" } else { &self.pointer };
-        write!(f, "[{}] {doc} {pointer}: {}", self.kind.as_str(), self.message)
+        let pointer = if self.pointer.is_empty() {
+            "(root)"
+        } else {
+            &self.pointer
+        };
+        write!(
+            f,
+            "[{}] {doc} {pointer}: {}",
+            self.kind.as_str(),
+            self.message
+        )
     }
 }
 
@@ -87,14 +96,21 @@ impl Action {
     pub fn to_call_json(&self) -> Value {
         match self {
             Action::Tool { name, args } => serde_json::json!({"tool": name, "args": args}),
-            Action::Finish { result } => serde_json::json!({"tool": FINISH, "args": {"result": result}}),
-            Action::AskUser { question } => serde_json::json!({"tool": ASK_USER, "args": {"question": question}}),
+            Action::Finish { result } => {
+                serde_json::json!({"tool": FINISH, "args": {"result": result}})
+            }
+            Action::AskUser { question } => {
+                serde_json::json!({"tool": ASK_USER, "args": {"question": question}})
+            }
         }
     }
 
     pub fn from_call_json(value: &Value) -> Option<Action> {
         let name = value.get("tool")?.as_str()?;
-        let args = value.get("args").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+        let args = value
+            .get("args")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
         Some(Self::from_raw(name, args))
     }
 
@@ -104,9 +120,16 @@ impl Action {
                 result: args.get("result").cloned().unwrap_or(Value::Null),
             },
             ASK_USER => Action::AskUser {
-                question: args.get("question").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                question: args
+                    .get("question")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
             },
-            _ => Action::Tool { name: name.to_owned(), args },
+            _ => Action::Tool {
+                name: name.to_owned(),
+                args,
+            },
         }
     }
 
@@ -153,12 +176,16 @@ pub struct AcceptedStep {
 /// An output that failed: every problem found, and what could be parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RejectedStep {
-    pub parsed: Option<ParsedOutput>,
+    pub parsed: Option<Box<ParsedOutput>>,
     pub rejections: Vec<Rejection>,
 }
 
 /// Runs the whole pipeline on one raw model output. `state` is only read.
-pub fn validate_step(rules: &StepRules<'_>, state: &Value, raw_output: &str) -> Result<AcceptedStep, RejectedStep> {
+pub fn validate_step(
+    rules: &StepRules<'_>,
+    state: &Value,
+    raw_output: &str,
+) -> Result<AcceptedStep, RejectedStep> {
     let parsed = match parse_output(raw_output) {
         Ok(parsed) => parsed,
         Err(problem) => {
@@ -177,16 +204,18 @@ pub fn validate_step(rules: &StepRules<'_>, state: &Value, raw_output: &str) -> 
     let patched = check_patch(rules, state, &parsed.state_patch, &mut rejections);
     let action = check_action(rules.catalog, &parsed.action, &mut rejections);
     match (patched, action) {
-        (Some((patch, new_state, state_tokens)), Some(action)) if rejections.is_empty() => Ok(AcceptedStep {
-            reasoning: parsed.reasoning,
-            patch,
-            action,
-            state_hash: state_hash(&new_state),
-            new_state,
-            state_tokens,
-        }),
+        (Some((patch, new_state, state_tokens)), Some(action)) if rejections.is_empty() => {
+            Ok(AcceptedStep {
+                reasoning: parsed.reasoning,
+                patch,
+                action,
+                state_hash: state_hash(&new_state),
+                new_state,
+                state_tokens,
+            })
+        }
         _ => Err(RejectedStep {
-            parsed: Some(parsed),
+            parsed: Some(Box::new(parsed)),
             rejections,
         }),
     }
@@ -279,14 +308,22 @@ fn check_patch(
     Some((patch, new_state, state_tokens))
 }
 
-fn check_action(catalog: &ToolCatalog, raw: &RawAction, rejections: &mut Vec<Rejection>) -> Option<Action> {
+fn check_action(
+    catalog: &ToolCatalog,
+    raw: &RawAction,
+    rejections: &mut Vec<Rejection>,
+) -> Option<Action> {
     match catalog.check_args(&raw.tool, &raw.args) {
         None => {
             rejections.push(Rejection {
                 kind: RejectionKind::UnknownTool,
                 document: Document::Output,
                 pointer: "/action/tool".into(),
-                message: format!("no tool named \"{}\"; available: {}", raw.tool, catalog.names().join(", ")),
+                message: format!(
+                    "no tool named \"{}\"; available: {}",
+                    raw.tool,
+                    catalog.names().join(", ")
+                ),
             });
             None
         }

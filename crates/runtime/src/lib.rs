@@ -1,1 +1,11 @@
+//! The step loop (DESIGN.md §3): observation → prompt → model → validate → commit → tool →
+//! next observation, until `finish`, the step limit, the end of the environment's episode, or
+//! a failure.
 
+mod select;
+mod step_loop;
+
+pub use select::{SelectError, select_tools};
+pub use step_loop::{
+    NoProgress, RunObserver, RunOutcome, Runner, RuntimeError, rebuild_prompt, start_task,
+};

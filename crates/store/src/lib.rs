@@ -1,1 +1,124 @@
+//! Durable task state and the step journal, behind one trait (DESIGN.md §5 "store").
+//!
+//! Invariants every backend keeps:
+//! - an accepted step (journal row, new state and version, action intent) is ONE transaction;
+//! - a state write names the version it replaces; a stale writer gets `Conflict`, never a lost
+//!   update;
+//! - the journal is append-only; time travel rebuilds states from patches and checks each
+//!   recorded hash.
 
+mod history;
+mod migrate;
+mod model;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+pub use history::state_at;
+pub use model::*;
+pub use sqlite::{SqliteStore, Synchronous};
+
+pub const DEFAULT_DB: &str = "skillstate.db";
+/// Full state snapshots are written every this many steps (plus step 0).
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open database {location}: {message}")]
+    Open { location: String, message: String },
+    #[error("no task matches `{0}`; list tasks with `skillstate tasks`")]
+    NotFound(String),
+    #[error("`{prefix}` matches {count} tasks; give more characters of the id")]
+    Ambiguous { prefix: String, count: usize },
+    #[error(
+        "task {task} is at version {actual}, not {expected}: another writer committed first; reload the task and retry"
+    )]
+    Conflict {
+        task: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "the database schema is version {found}, newer than this skillstate supports ({supported}); upgrade skillstate"
+    )]
+    SchemaTooNew { found: i64, supported: i64 },
+    #[error("task {task}: the journal is inconsistent at step {step}: {message}")]
+    Corrupt {
+        task: String,
+        step: u64,
+        message: String,
+    },
+    #[error("task {task}: step {step} does not exist (the task has {version} accepted steps)")]
+    NoSuchStep {
+        task: String,
+        step: u64,
+        version: u64,
+    },
+    #[error("stored {what} is unreadable: {message}")]
+    Decode { what: String, message: String },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Creates a task at version 0 with its initial state, snapshot and opening observation.
+    async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord>;
+    /// Finds a task by full id or unique id prefix.
+    async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord>;
+    async fn list_tasks(&self) -> Result<Vec<TaskSummary>>;
+    /// Appends a rejected answer; the state is untouched.
+    async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()>;
+    /// Commits an accepted step atomically, if the task is still at `expected_version`.
+    async fn commit_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()>;
+    /// Records a tool's result and the next observation atomically.
+    async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()>;
+    async fn set_status(
+        &self,
+        task: &str,
+        status: TaskStatus,
+        outcome: Option<&Value>,
+    ) -> Result<()>;
+    async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>>;
+    async fn observation(&self, task: &str, step: u64) -> Result<Option<String>>;
+    async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>>;
+    /// The latest snapshot at or before `step`, as `(step, state)`.
+    async fn snapshot_before(&self, task: &str, step: u64) -> Result<(u64, Value)>;
+    /// `(step, patch, state_hash)` of accepted steps in `from..=to`, in order.
+    async fn accepted_patches(
+        &self,
+        task: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, Value, String)>>;
+}
+
+/// Opens the store named by `location`: a file path, `sqlite://path` or `sqlite::memory:`.
+pub async fn open(location: &str) -> Result<Arc<dyn Store>> {
+    if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+        return Err(StoreError::Open {
+            location: location.to_owned(),
+            message: "PostgreSQL is not supported by this build; use a SQLite file path".into(),
+        });
+    }
+    Ok(Arc::new(
+        SqliteStore::open(location, Synchronous::Full).await?,
+    ))
+}
+
+pub(crate) fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -88,7 +88,9 @@ fn stable_prefix(input: &PromptInput<'_>) -> String {
         skill.description.trim(),
         skill.procedure.trim()
     ));
-    out.push_str("# Tools\nEach step calls exactly one of these as {\"tool\": NAME, \"args\": {...}}.\n");
+    out.push_str(
+        "# Tools\nEach step calls exactly one of these as {\"tool\": NAME, \"args\": {...}}.\n",
+    );
     for tool in input.tools {
         out.push_str(&format!(
             "- {}: {}\n  args schema: {}\n",
@@ -97,7 +99,9 @@ fn stable_prefix(input: &PromptInput<'_>) -> String {
             serde_json::to_string(&tool.input_schema).unwrap_or_default()
         ));
     }
-    out.push_str("\n# State\nThe state is a JSON document that must always satisfy this JSON Schema:\n");
+    out.push_str(
+        "\n# State\nThe state is a JSON document that must always satisfy this JSON Schema:\n",
+    );
     out.push_str(&serde_json::to_string(&skill.schema).unwrap_or_default());
     out.push('\n');
     if !input.read_only.is_empty() {
@@ -114,7 +118,10 @@ const ANSWER_FORMAT: &str = "\n# Answer format\nReply with exactly one JSON obje
 
 fn push_observation(body: &mut String, input: &PromptInput<'_>) {
     body.push_str("# Latest observation\n");
-    body.push_str(&fit_observation(input.observation, input.observation_budget));
+    body.push_str(&fit_observation(
+        input.observation,
+        input.observation_budget,
+    ));
     body.push('\n');
 }
 

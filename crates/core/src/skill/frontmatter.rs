@@ -3,7 +3,13 @@
 use serde_json::{Map, Value};
 
 /// Keys the Agent Skills layout defines; anything else is tolerated with a warning.
-const KNOWN_KEYS: [&str; 5] = ["name", "description", "license", "compatibility", "metadata"];
+const KNOWN_KEYS: [&str; 5] = [
+    "name",
+    "description",
+    "license",
+    "compatibility",
+    "metadata",
+];
 const ALSO_KNOWN: [&str; 1] = ["allowed-tools"];
 
 pub struct Frontmatter {
@@ -64,7 +70,8 @@ fn parse_yaml(yaml: &str) -> Result<Map<String, Value>, FrontmatterProblem> {
         Ok(_) => Err(FrontmatterProblem {
             line: 2,
             column: None,
-            message: "the frontmatter must be a YAML mapping of keys (name: ..., description: ...)".into(),
+            message: "the frontmatter must be a YAML mapping of keys (name: ..., description: ...)"
+                .into(),
             warning: false,
         }),
         Err(error) => {
@@ -130,7 +137,10 @@ impl Frontmatter {
         if let Some(metadata) = self.fields.get("metadata")
             && !metadata.is_object()
         {
-            problems.push(error("metadata", "`metadata` must be a mapping of keys to values".into()));
+            problems.push(error(
+                "metadata",
+                "`metadata` must be a mapping of keys to values".into(),
+            ));
         }
         for key in self.fields.keys() {
             if !KNOWN_KEYS.contains(&key.as_str()) && !ALSO_KNOWN.contains(&key.as_str()) {
@@ -153,7 +163,10 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() || name.chars().count() > 64 {
         return Some("it must be 1–64 characters long");
     }
-    if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
         return Some("only lowercase letters, digits and hyphens are allowed");
     }
     if name.starts_with('-') || name.ends_with('-') || name.contains("--") {

@@ -14,8 +14,9 @@ use serde_json::{Map, Value};
 
 pub use frontmatter::name_problem;
 pub use settings::{
-    Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS, DEFAULT_STATE_TOKENS,
-    EnvironmentSettings, RunLimits, SkillSettings, ToolSelection, line_column,
+    Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS,
+    DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, SkillSettings, ToolSelection,
+    line_column,
 };
 
 use crate::schema::StateSchema;
@@ -48,7 +49,9 @@ pub struct Skill {
 
 impl fmt::Debug for Skill {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Skill").field("name", &self.definition.name).finish_non_exhaustive()
+        f.debug_struct("Skill")
+            .field("name", &self.definition.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -81,9 +84,14 @@ impl fmt::Display for SkillProblem {
         };
         write!(f, "{level}: {}", self.file.display())?;
         match &self.location {
-            Some(Location::Line { line, column: Some(column) }) => write!(f, ":{line}:{column}")?,
+            Some(Location::Line {
+                line,
+                column: Some(column),
+            }) => write!(f, ":{line}:{column}")?,
             Some(Location::Line { line, column: None }) => write!(f, ":{line}")?,
-            Some(Location::Pointer(pointer)) => write!(f, "#{}", if pointer.is_empty() { "/" } else { pointer })?,
+            Some(Location::Pointer(pointer)) => {
+                write!(f, "#{}", if pointer.is_empty() { "/" } else { pointer })?
+            }
             None => {}
         }
         write!(f, ": {}", self.message)
@@ -98,7 +106,11 @@ pub struct SkillErrors {
 
 impl fmt::Display for SkillErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let errors = self.problems.iter().filter(|p| p.severity == Severity::Error).count();
+        let errors = self
+            .problems
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+            .count();
         writeln!(f, "the skill has {errors} error(s):")?;
         for problem in &self.problems {
             writeln!(f, "  {problem}")?;
@@ -121,8 +133,12 @@ impl Skill {
 
     /// Rebuilds a skill from a stored definition (for example from a task in the store).
     pub fn from_definition(definition: SkillDefinition) -> Result<Skill, String> {
-        let schema = StateSchema::compile(definition.schema.clone())
-            .map_err(|d| format!("stored state schema is invalid at {}: {}", d.pointer, d.message))?;
+        let schema = StateSchema::compile(definition.schema.clone()).map_err(|d| {
+            format!(
+                "stored state schema is invalid at {}: {}",
+                d.pointer, d.message
+            )
+        })?;
         Ok(Skill { definition, schema })
     }
 
@@ -142,7 +158,10 @@ struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     fn new(dir: &'a Path) -> Self {
-        Self { dir, problems: Vec::new() }
+        Self {
+            dir,
+            problems: Vec::new(),
+        }
     }
 
     fn error(&mut self, file: &str, location: Option<Location>, message: impl Into<String>) {
@@ -161,8 +180,12 @@ impl<'a> Loader<'a> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => None,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let what = match file {
-                    SKILL_FILE => "every skill needs SKILL.md (YAML frontmatter with name and description, then the procedure)",
-                    SCHEMA_FILE => "every skill needs state.schema.json, a JSON Schema 2020-12 describing its state",
+                    SKILL_FILE => {
+                        "every skill needs SKILL.md (YAML frontmatter with name and description, then the procedure)"
+                    }
+                    SCHEMA_FILE => {
+                        "every skill needs state.schema.json, a JSON Schema 2020-12 describing its state"
+                    }
                     _ => "the file is required",
                 };
                 self.error(file, None, format!("file not found: {what}"));
@@ -177,8 +200,14 @@ impl<'a> Loader<'a> {
 
     fn load(mut self) -> Result<LoadedSkill, SkillErrors> {
         if !self.dir.is_dir() {
-            self.error("", None, "not a directory; point at a skill directory that holds SKILL.md");
-            return Err(SkillErrors { problems: self.problems });
+            self.error(
+                "",
+                None,
+                "not a directory; point at a skill directory that holds SKILL.md",
+            );
+            return Err(SkillErrors {
+                problems: self.problems,
+            });
         }
         let dir_name = std::fs::canonicalize(self.dir)
             .ok()
@@ -192,9 +221,12 @@ impl<'a> Loader<'a> {
 
         let has_errors = self.problems.iter().any(|p| p.severity == Severity::Error);
         match (manifest, settings, schema, initial_state) {
-            (Some((name, description, metadata, procedure)), Some(settings), Some(schema), Some(initial_state))
-                if !has_errors =>
-            {
+            (
+                Some((name, description, metadata, procedure)),
+                Some(settings),
+                Some(schema),
+                Some(initial_state),
+            ) if !has_errors => {
                 let definition = SkillDefinition {
                     name,
                     description,
@@ -209,7 +241,9 @@ impl<'a> Loader<'a> {
                     warnings: self.problems,
                 })
             }
-            _ => Err(SkillErrors { problems: self.problems }),
+            _ => Err(SkillErrors {
+                problems: self.problems,
+            }),
         }
     }
 
@@ -218,7 +252,14 @@ impl<'a> Loader<'a> {
         let front = match frontmatter::split(&text) {
             Ok(front) => front,
             Err(p) => {
-                self.error(SKILL_FILE, Some(Location::Line { line: p.line, column: p.column }), p.message);
+                self.error(
+                    SKILL_FILE,
+                    Some(Location::Line {
+                        line: p.line,
+                        column: p.column,
+                    }),
+                    p.message,
+                );
                 return None;
             }
         };
@@ -227,9 +268,16 @@ impl<'a> Loader<'a> {
             failed |= !p.warning;
             self.problems.push(SkillProblem {
                 file: self.dir.join(SKILL_FILE),
-                location: Some(Location::Line { line: p.line, column: p.column }),
+                location: Some(Location::Line {
+                    line: p.line,
+                    column: p.column,
+                }),
                 message: p.message,
-                severity: if p.warning { Severity::Warning } else { Severity::Error },
+                severity: if p.warning {
+                    Severity::Warning
+                } else {
+                    Severity::Error
+                },
             });
         }
         let procedure = front.body.trim().to_owned();
@@ -245,7 +293,14 @@ impl<'a> Loader<'a> {
         if failed {
             return None;
         }
-        let text_field = |key: &str| front.fields.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let text_field = |key: &str| {
+            front
+                .fields
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
         Some((
             text_field("name"),
             text_field("description"),
@@ -262,7 +317,11 @@ impl<'a> Loader<'a> {
             Ok(settings) => {
                 let mut ok = true;
                 if settings.budgets.state_tokens == 0 || settings.budgets.observation_tokens == 0 {
-                    self.error(SETTINGS_FILE, None, "[budgets] state_tokens and observation_tokens must be positive");
+                    self.error(
+                        SETTINGS_FILE,
+                        None,
+                        "[budgets] state_tokens and observation_tokens must be positive",
+                    );
                     ok = false;
                 }
                 if settings.run.max_steps == 0 {
@@ -272,8 +331,15 @@ impl<'a> Loader<'a> {
                 ok.then_some(settings)
             }
             Err((position, message)) => {
-                let location = position.map(|(line, column)| Location::Line { line, column: Some(column) });
-                self.error(SETTINGS_FILE, location, format!("invalid skill.toml: {message}"));
+                let location = position.map(|(line, column)| Location::Line {
+                    line,
+                    column: Some(column),
+                });
+                self.error(
+                    SETTINGS_FILE,
+                    location,
+                    format!("invalid skill.toml: {message}"),
+                );
                 None
             }
         }
@@ -285,19 +351,31 @@ impl<'a> Loader<'a> {
         match StateSchema::compile(document) {
             Ok(schema) => Some(schema),
             Err(defect) => {
-                self.error(SCHEMA_FILE, Some(Location::Pointer(defect.pointer)), defect.message);
+                self.error(
+                    SCHEMA_FILE,
+                    Some(Location::Pointer(defect.pointer)),
+                    defect.message,
+                );
                 None
             }
         }
     }
 
-    fn load_initial_state(&mut self, schema: Option<&StateSchema>, settings: Option<&SkillSettings>) -> Option<Value> {
+    fn load_initial_state(
+        &mut self,
+        schema: Option<&StateSchema>,
+        settings: Option<&SkillSettings>,
+    ) -> Option<Value> {
         let (state, file_present) = match self.read(INIT_FILE, false) {
             Some(text) => (self.parse_json(INIT_FILE, &text)?, true),
             None => (Value::Object(Map::new()), false),
         };
         if !state.is_object() {
-            self.error(INIT_FILE, Some(Location::Pointer(String::new())), "the initial state must be a JSON object");
+            self.error(
+                INIT_FILE,
+                Some(Location::Pointer(String::new())),
+                "the initial state must be a JSON object",
+            );
             return None;
         }
         let schema = schema?;
@@ -308,7 +386,10 @@ impl<'a> Loader<'a> {
                     self.error(
                         INIT_FILE,
                         Some(Location::Pointer(v.pointer)),
-                        format!("the initial state does not satisfy state.schema.json: {}", v.message),
+                        format!(
+                            "the initial state does not satisfy state.schema.json: {}",
+                            v.message
+                        ),
                     );
                 } else {
                     self.error(
@@ -346,7 +427,10 @@ impl<'a> Loader<'a> {
             Err(e) => {
                 self.error(
                     file,
-                    Some(Location::Line { line: e.line(), column: Some(e.column()) }),
+                    Some(Location::Line {
+                        line: e.line(),
+                        column: Some(e.column()),
+                    }),
                     format!("invalid JSON: {e}"),
                 );
                 None

@@ -8,7 +8,7 @@ pub const DEFAULT_OBSERVATION_TOKENS: usize = 1000;
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
 pub const DEFAULT_MAX_STEPS: u32 = 100;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct SkillSettings {
     pub budgets: Budgets,
@@ -16,17 +16,6 @@ pub struct SkillSettings {
     pub tools: ToolSelection,
     /// The world the skill acts on, when a built-in environment provides it.
     pub environment: Option<EnvironmentSettings>,
-}
-
-impl Default for SkillSettings {
-    fn default() -> Self {
-        Self {
-            budgets: Budgets::default(),
-            run: RunLimits::default(),
-            tools: ToolSelection::default(),
-            environment: None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,7 +63,9 @@ pub struct ToolSelection {
 
 impl ToolSelection {
     pub fn allows(&self, tool_name: &str, source: &str) -> bool {
-        self.allow.iter().any(|entry| entry == tool_name || entry == source)
+        self.allow
+            .iter()
+            .any(|entry| entry == tool_name || entry == source)
     }
 }
 
@@ -101,7 +92,12 @@ impl SkillSettings {
 pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
     (line, column)
 }
 
@@ -126,7 +122,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_report_their_line() {
-        let (position, message) = SkillSettings::from_toml("[run]\nmax_steps = 3\nmax_stepz = 4\n").unwrap_err();
+        let (position, message) =
+            SkillSettings::from_toml("[run]\nmax_steps = 3\nmax_stepz = 4\n").unwrap_err();
         assert_eq!(position.map(|p| p.0), Some(3));
         assert!(message.contains("max_stepz"), "{message}");
     }

@@ -1,0 +1,117 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep};
+use skillstate_runtime::{RunObserver, Runner, start_task};
+use skillstate_store::TaskStatus;
+use skillstate_tools::ToolOutput;
+
+use super::{environment_for, load_skill};
+use crate::render::outcome_line;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The skill directory (holds SKILL.md).
+    skill: PathBuf,
+    /// The model: scripted:<file.jsonl>.
+    #[arg(long, env = "SKILLSTATE_MODEL")]
+    model: String,
+    /// What each prompt keeps besides the procedure and tools.
+    #[arg(long, default_value = "state", value_parser = parse_context)]
+    context: ContextStrategy,
+    /// The request that opens the task, for skills without a built-in environment.
+    #[arg(long)]
+    input: Option<String>,
+    /// Print only the final line.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn parse_context(name: &str) -> Result<ContextStrategy, String> {
+    ContextStrategy::parse(name).ok_or_else(|| {
+        format!(
+            "unknown context strategy `{name}`; use one of: {}",
+            ContextStrategy::NAMES.join(", ")
+        )
+    })
+}
+
+/// Prints one line per step to stderr as the task runs.
+struct StepPrinter {
+    quiet: bool,
+}
+
+impl RunObserver for StepPrinter {
+    fn attempt(
+        &mut self,
+        step: u64,
+        attempt: u32,
+        prompt_tokens: usize,
+        result: Result<&AcceptedStep, &RejectedStep>,
+    ) {
+        if self.quiet {
+            return;
+        }
+        match result {
+            Ok(accepted) => eprintln!(
+                "step {step:>4}  prompt {prompt_tokens:>6} tok  {}",
+                accepted.action.summary()
+            ),
+            Err(rejected) => {
+                eprintln!(
+                    "step {step:>4}  prompt {prompt_tokens:>6} tok  attempt {attempt} rejected:"
+                );
+                for rejection in &rejected.rejections {
+                    eprintln!("            {rejection}");
+                }
+            }
+        }
+    }
+
+    fn action_done(&mut self, _step: u64, output: &ToolOutput) {
+        if !self.quiet && !output.ok {
+            eprintln!("            -> {}", output.text);
+        }
+    }
+}
+
+pub async fn run(db: &str, args: RunArgs) -> Result<ExitCode> {
+    let skill = load_skill(&args.skill)?;
+    let model: Arc<dyn skillstate_providers::ModelProvider> =
+        Arc::from(skillstate_providers::from_spec(&args.model).context("--model")?);
+    let mut env = environment_for(&skill, args.input.as_deref())?;
+    let store = skillstate_store::open(db).await?;
+    let task = start_task(
+        store.as_ref(),
+        &skill,
+        env.as_mut(),
+        &model.spec(),
+        args.context,
+    )
+    .await?;
+    if !args.quiet {
+        eprintln!("task {} started ({} in {db})", task.id, skill.name());
+    }
+    let mut printer = StepPrinter { quiet: args.quiet };
+    let outcome = Runner::new(store, model, env.as_mut(), &mut printer)
+        .run(&task.id)
+        .await?;
+    println!(
+        "{}",
+        outcome_line(
+            &outcome.task_id,
+            outcome.status,
+            outcome.steps,
+            outcome.outcome.as_ref()
+        )
+    );
+    if !args.quiet {
+        println!("inspect it: skillstate show {}", outcome.task_id);
+    }
+    Ok(match outcome.status {
+        TaskStatus::Failed => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
+}

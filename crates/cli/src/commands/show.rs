@@ -1,0 +1,232 @@
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use skillstate_core::json::{state_hash, text_hash};
+use skillstate_core::{Action, Rejection, count_tokens};
+use skillstate_runtime::rebuild_prompt;
+use skillstate_store::{IntentRecord, JournalEntry, Store, TaskRecord, Verdict, state_at};
+
+use crate::render::{Table, describe_outcome, format_time};
+
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    /// Task id or a unique prefix of it.
+    task: String,
+    /// Show the state as it was after this step (0 = the initial state).
+    #[arg(long)]
+    step: Option<u64>,
+    /// With --step: print the exact prompt the model received at that step instead.
+    #[arg(long, requires = "step")]
+    prompt: bool,
+    /// With --prompt: which answer of the step (default: the accepted one, else the last).
+    #[arg(long, requires = "prompt")]
+    attempt: Option<u32>,
+}
+
+pub async fn run(db: &str, args: ShowArgs) -> Result<ExitCode> {
+    let store = skillstate_store::open(db).await?;
+    let task = store.task(&args.task).await?;
+    match (args.step, args.prompt) {
+        (Some(step), true) => show_prompt(store.as_ref(), &task, step, args.attempt).await,
+        (Some(step), false) => show_state_at(store.as_ref(), &task, step).await,
+        (None, _) => show_task(store.as_ref(), &task).await,
+    }
+}
+
+async fn show_state_at(store: &dyn Store, task: &TaskRecord, step: u64) -> Result<ExitCode> {
+    let state = state_at(store, &task.id, step, task.version).await?;
+    println!("{}", serde_json::to_string_pretty(&state)?);
+    let hash = state_hash(&state);
+    let note = if step == 0 {
+        "initial state".to_owned()
+    } else {
+        "rebuilt from the journal's patches; matches the hash recorded at this step".to_owned()
+    };
+    eprintln!(
+        "state after step {step} of task {}: hash {hash} ({note})",
+        task.id
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show_prompt(
+    store: &dyn Store,
+    task: &TaskRecord,
+    step: u64,
+    attempt: Option<u32>,
+) -> Result<ExitCode> {
+    let journal = store.journal(&task.id).await?;
+    let answers: Vec<&JournalEntry> = journal.iter().filter(|e| e.step == step).collect();
+    if answers.is_empty() {
+        bail!(
+            "task {} has no model call at step {step} (it has {} accepted steps)",
+            task.id,
+            task.version
+        );
+    }
+    let attempt = match attempt {
+        Some(a) => a,
+        None => answers
+            .iter()
+            .find(|e| e.verdict == Verdict::Accepted)
+            .or(answers.last())
+            .map(|e| e.attempt)
+            .unwrap_or(1),
+    };
+    let (prompt, recorded) = rebuild_prompt(store, task, step, attempt).await?;
+    let text = prompt.text();
+    let rebuilt = text_hash(&text);
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    if rebuilt != recorded {
+        bail!(
+            "the rebuilt prompt of step {step} attempt {attempt} does not match what the model received (sha256 {rebuilt} vs recorded {recorded})"
+        );
+    }
+    eprintln!(
+        "prompt of step {step} attempt {attempt}: {} tokens, sha256 {rebuilt} (byte-identical to the prompt the model received)",
+        count_tokens(&text)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show_task(store: &dyn Store, task: &TaskRecord) -> Result<ExitCode> {
+    let journal = store.journal(&task.id).await?;
+    let intents: BTreeMap<u64, IntentRecord> = store
+        .intents(&task.id)
+        .await?
+        .into_iter()
+        .map(|i| (i.step, i))
+        .collect();
+    let rejected = journal
+        .iter()
+        .filter(|e| e.verdict == Verdict::Rejected)
+        .count();
+    let status = match &task.outcome {
+        Some(outcome) => format!("{} - {}", task.status.as_str(), describe_outcome(outcome)),
+        None => task.status.as_str().to_owned(),
+    };
+    println!("task     {}", task.id);
+    println!(
+        "skill    {}  (context {}, model {})",
+        task.skill.name,
+        task.context.as_str(),
+        task.model
+    );
+    if let Some((parent, step)) = &task.parent {
+        println!("forked   from {parent} at step {step}");
+    }
+    println!("status   {status}");
+    println!(
+        "created  {}   updated {}",
+        format_time(task.created_at),
+        format_time(task.updated_at)
+    );
+    println!(
+        "steps    {} accepted, {rejected} rejected answer(s)",
+        task.version
+    );
+    println!(
+        "state    version {}, hash {}",
+        task.version,
+        state_hash(&task.state)
+    );
+    println!("{}", serde_json::to_string(&task.state)?);
+    println!();
+
+    let mut by_step: BTreeMap<u64, Vec<&JournalEntry>> = BTreeMap::new();
+    for entry in &journal {
+        by_step.entry(entry.step).or_default().push(entry);
+    }
+    let mut table = Table::new(&[
+        "STEP", "PROMPT", "OUTPUT", "USAGE", "MS", "ACTION", "PATCH", "RESULT", "VERDICT",
+    ]);
+    for (step, answers) in &by_step {
+        let last = answers.last().context("journal step without entries")?;
+        let accepted = answers.iter().find(|e| e.verdict == Verdict::Accepted);
+        let shown = accepted.unwrap_or(last);
+        let rejected_here = answers
+            .iter()
+            .filter(|e| e.verdict == Verdict::Rejected)
+            .count();
+        let verdict = match (accepted, rejected_here) {
+            (Some(_), 0) => "accepted".to_owned(),
+            (Some(_), n) => format!("accepted after {n} rejected"),
+            (None, n) => format!("rejected x{n}"),
+        };
+        let action = shown
+            .action
+            .as_ref()
+            .and_then(Action::from_call_json)
+            .map(|a| a.summary())
+            .unwrap_or_else(|| "-".into());
+        let patch = shown
+            .patch
+            .as_ref()
+            .map(|p| clip(&serde_json::to_string(p).unwrap_or_default(), 48))
+            .unwrap_or_else(|| "-".into());
+        let result = match intents.get(step) {
+            Some(intent) if !intent.done => "pending".to_owned(),
+            Some(intent) if intent.ok == Some(true) => "ok".to_owned(),
+            Some(intent) => clip(intent.result.as_deref().unwrap_or("error"), 40),
+            None => "-".to_owned(),
+        };
+        table.row(vec![
+            step.to_string(),
+            shown.prompt_tokens.to_string(),
+            count_tokens(&shown.output).to_string(),
+            usage_cell(shown.usage.as_ref()),
+            shown.latency_ms.to_string(),
+            action,
+            patch,
+            result,
+            verdict,
+        ]);
+    }
+    print!("{}", table.render());
+    println!(
+        "PROMPT and OUTPUT are o200k_base tokens counted locally; USAGE is what the provider reported (input/output)."
+    );
+
+    let rejections: Vec<&JournalEntry> = journal
+        .iter()
+        .filter(|e| e.verdict == Verdict::Rejected)
+        .collect();
+    if !rejections.is_empty() {
+        println!("\nrejected answers:");
+        for entry in rejections {
+            let errors: Vec<Rejection> = entry
+                .errors
+                .as_ref()
+                .and_then(|e| serde_json::from_value(e.clone()).ok())
+                .unwrap_or_default();
+            for error in errors {
+                println!("  step {} attempt {}: {error}", entry.step, entry.attempt);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn usage_cell(usage: Option<&Value>) -> String {
+    match usage {
+        Some(u) => format!(
+            "{}/{}",
+            u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0),
+            u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0)
+        ),
+        None => "-".into(),
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(max - 1).collect();
+    format!("{kept}…")
+}

@@ -1,0 +1,155 @@
+//! Terminal presentation: aligned tables, times, one-line outcomes.
+
+use serde_json::Value;
+use skillstate_store::TaskStatus;
+
+/// A left-aligned text table; numeric-looking columns are right-aligned.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Self {
+        Self {
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let columns = self.header.len();
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let numeric: Vec<bool> = (0..columns)
+            .map(|i| {
+                !self.rows.is_empty()
+                    && self.rows.iter().all(|r| {
+                        r.get(i).is_some_and(|c| {
+                            c == "-" || c.trim_end_matches('%').parse::<f64>().is_ok()
+                        })
+                    })
+            })
+            .collect();
+        let mut out = String::new();
+        for row in std::iter::once(&self.header).chain(self.rows.iter()) {
+            let mut line = String::new();
+            for (i, width) in widths.iter().enumerate() {
+                let cell = row.get(i).map(String::as_str).unwrap_or("");
+                let pad = width - cell.chars().count();
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                if numeric[i] {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    if i + 1 < widths.len() {
+                        line.push_str(&" ".repeat(pad));
+                    }
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `2026-11-30 03:12:45Z` from unix milliseconds.
+pub fn format_time(millis: i64) -> String {
+    let secs = millis.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Gregorian date from days since 1970-01-01 (proleptic calendar, era-based arithmetic).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `task <id> completed after 10 steps: ...`
+pub fn outcome_line(task: &str, status: TaskStatus, steps: u64, outcome: Option<&Value>) -> String {
+    let detail = outcome.map(describe_outcome).unwrap_or_default();
+    let detail = if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    };
+    format!(
+        "task {task} {} after {steps} step(s){detail}",
+        status.as_str()
+    )
+}
+
+pub fn describe_outcome(outcome: &Value) -> String {
+    let reason = outcome.get("reason").and_then(Value::as_str).unwrap_or("");
+    match reason {
+        "episode_over" => {
+            let env = &outcome["environment"];
+            match (
+                env.get("score").and_then(Value::as_f64),
+                env.get("correct_actions"),
+                env.get("actionable_events"),
+            ) {
+                (Some(score), Some(correct), Some(events)) => {
+                    format!(
+                        "environment episode over, score {score:.2} ({correct}/{events} correct actions)"
+                    )
+                }
+                _ => "environment episode over".into(),
+            }
+        }
+        "finish" => format!("finished with result {}", outcome["result"]),
+        "ask_user" => format!(
+            "waiting for an answer to: {}",
+            outcome["question"].as_str().unwrap_or("")
+        ),
+        _ => outcome
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| outcome.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_times_and_tables() {
+        assert_eq!(format_time(0), "1970-01-01 00:00:00Z");
+        assert_eq!(format_time(1_796_010_765_000), "2026-11-30 03:12:45Z");
+        assert_eq!(format_time(951_782_400_000), "2000-02-29 00:00:00Z");
+        let mut t = Table::new(&["A", "N"]);
+        t.row(vec!["x".into(), "5".into()]);
+        t.row(vec!["long".into(), "12".into()]);
+        assert_eq!(t.render(), "A      N\nx      5\nlong  12\n");
+    }
+}

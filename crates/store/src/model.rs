@@ -1,0 +1,150 @@
+//! The records the store keeps.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Running,
+    Completed,
+    Failed,
+    AwaitingInput,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::AwaitingInput => "awaiting_input",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "running" => TaskStatus::Running,
+            "completed" => TaskStatus::Completed,
+            "failed" => TaskStatus::Failed,
+            "awaiting_input" => TaskStatus::AwaitingInput,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed)
+    }
+}
+
+/// What a new task starts from.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub skill: SkillDefinition,
+    pub tools: Vec<ToolSpec>,
+    pub context: ContextStrategy,
+    pub model: String,
+    pub environment: Option<Value>,
+    pub env_checkpoint: Option<Value>,
+    /// The observation step 1 starts from.
+    pub opening_observation: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    pub id: String,
+    pub skill: SkillDefinition,
+    pub tools: Vec<ToolSpec>,
+    pub context: ContextStrategy,
+    pub model: String,
+    pub environment: Option<Value>,
+    pub env_checkpoint: Option<Value>,
+    pub status: TaskStatus,
+    pub state: Value,
+    /// Number of accepted steps; the next step is `version + 1`.
+    pub version: u64,
+    pub outcome: Option<Value>,
+    pub parent: Option<(String, u64)>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// One line of `skillstate tasks`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskSummary {
+    pub id: String,
+    pub skill_name: String,
+    pub status: TaskStatus,
+    pub version: u64,
+    pub model: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Accepted,
+    Rejected,
+}
+
+/// One model answer in the journal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    pub step: u64,
+    pub attempt: u32,
+    pub verdict: Verdict,
+    pub output: String,
+    pub patch: Option<Value>,
+    pub action: Option<Value>,
+    pub errors: Option<Value>,
+    pub state_hash: Option<String>,
+    pub prompt_tokens: u64,
+    pub prompt_hash: String,
+    pub usage: Option<Value>,
+    pub latency_ms: u64,
+    pub created_at: i64,
+}
+
+/// An action about to run; written in the same transaction as its step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewIntent {
+    pub tool: String,
+    pub args: Value,
+    pub idempotency_key: String,
+    pub side_effect: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntentRecord {
+    pub step: u64,
+    pub tool: String,
+    pub args: Value,
+    pub idempotency_key: String,
+    pub side_effect: String,
+    pub done: bool,
+    pub ok: Option<bool>,
+    pub result: Option<String>,
+}
+
+/// Everything an accepted step writes, in one transaction.
+#[derive(Debug, Clone)]
+pub struct StepCommit {
+    pub entry: JournalEntry,
+    pub new_state: Value,
+    pub intent: Option<NewIntent>,
+    /// Set when the step ends the task (finish) or pauses it (ask_user).
+    pub status: Option<(TaskStatus, Option<Value>)>,
+}
+
+/// What a finished tool call writes, in one transaction.
+#[derive(Debug, Clone)]
+pub struct ActionResult {
+    pub step: u64,
+    pub ok: bool,
+    pub result: String,
+    /// The observation the next step starts from.
+    pub next_observation: String,
+    pub env_checkpoint: Option<Value>,
+}

@@ -1,0 +1,529 @@
+//! The embedded default backend: one SQLite file in WAL mode.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use skillstate_core::json::state_hash;
+use skillstate_core::{ContextStrategy, SkillDefinition};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, SqlitePool};
+
+use crate::migrate::migrate_sqlite;
+use crate::model::*;
+use crate::{DEFAULT_SNAPSHOT_EVERY, Result, Store, StoreError, now_millis};
+
+/// How hard SQLite syncs on commit. `Full` survives power loss; `Normal` in WAL mode survives
+/// process crashes (the last transactions may be lost on power loss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synchronous {
+    Full,
+    Normal,
+}
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    snapshot_every: u64,
+}
+
+const TASK_COLUMNS: &str = "id, skill, tools, context, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
+
+impl SqliteStore {
+    pub async fn open(location: &str, synchronous: Synchronous) -> Result<Self> {
+        let open_error = |message: String| StoreError::Open {
+            location: location.to_owned(),
+            message,
+        };
+        let options = if location == "sqlite::memory:" || location == ":memory:" {
+            SqliteConnectOptions::from_str("sqlite::memory:")
+                .map_err(|e| open_error(e.to_string()))?
+        } else {
+            let path = location.strip_prefix("sqlite://").unwrap_or(location);
+            if let Some(parent) = std::path::Path::new(path).parent()
+                && !parent.as_os_str().is_empty()
+                && !parent.is_dir()
+            {
+                return Err(open_error(format!(
+                    "the directory {} does not exist; create it or choose another --db path",
+                    parent.display()
+                )));
+            }
+            SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true)
+        };
+        let options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match synchronous {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            })
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let in_memory = location.contains(":memory:");
+        let pool = SqlitePoolOptions::new()
+            // An in-memory database lives in one connection.
+            .max_connections(if in_memory { 1 } else { 4 })
+            .connect_with(options)
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        migrate_sqlite(&pool).await?;
+        Ok(Self {
+            pool,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+        })
+    }
+
+    /// Writes a full snapshot every `k` steps (`k` ≥ 1).
+    pub fn with_snapshot_every(mut self, k: u64) -> Self {
+        self.snapshot_every = k.max(1);
+        self
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn resolve_id(&self, id_or_prefix: &str) -> Result<String> {
+        let wanted = id_or_prefix.trim();
+        if wanted.is_empty() || !wanted.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(StoreError::NotFound(id_or_prefix.to_owned()));
+        }
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM tasks WHERE id LIKE ? || '%' ORDER BY id LIMIT 2")
+                .bind(wanted.to_ascii_lowercase())
+                .fetch_all(&self.pool)
+                .await?;
+        match ids.as_slice() {
+            [] => Err(StoreError::NotFound(id_or_prefix.to_owned())),
+            [one] => Ok(one.clone()),
+            _ => {
+                if ids.iter().any(|id| id == wanted) {
+                    return Ok(wanted.to_owned());
+                }
+                let count: i64 =
+                    sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE id LIKE ? || '%'")
+                        .bind(wanted)
+                        .fetch_one(&self.pool)
+                        .await?;
+                Err(StoreError::Ambiguous {
+                    prefix: wanted.to_owned(),
+                    count: count as usize,
+                })
+            }
+        }
+    }
+
+    async fn current_version(&self, task: &str) -> Result<u64> {
+        let version: Option<i64> = sqlx::query_scalar("SELECT version FROM tasks WHERE id = ?")
+            .bind(task)
+            .fetch_optional(&self.pool)
+            .await?;
+        version
+            .map(|v| v as u64)
+            .ok_or_else(|| StoreError::NotFound(task.to_owned()))
+    }
+}
+
+fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Decode {
+        what: what.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+fn decode_opt<T: DeserializeOwned>(what: &str, text: Option<String>) -> Result<Option<T>> {
+    text.map(|t| decode(what, &t)).transpose()
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
+    let id: String = row.try_get("id")?;
+    let context: String = row.try_get("context")?;
+    let status: String = row.try_get("status")?;
+    let parent_task: Option<String> = row.try_get("parent_task")?;
+    let parent_step: Option<i64> = row.try_get("parent_step")?;
+    Ok(TaskRecord {
+        skill: decode::<SkillDefinition>("skill of task", &row.try_get::<String, _>("skill")?)?,
+        tools: decode("tools of task", &row.try_get::<String, _>("tools")?)?,
+        context: ContextStrategy::parse(&context).ok_or_else(|| StoreError::Decode {
+            what: "context strategy".into(),
+            message: format!("unknown strategy `{context}`"),
+        })?,
+        model: row.try_get("model")?,
+        environment: decode_opt("environment", row.try_get("environment")?)?,
+        env_checkpoint: decode_opt("environment checkpoint", row.try_get("env_checkpoint")?)?,
+        status: TaskStatus::parse(&status).ok_or_else(|| StoreError::Decode {
+            what: "task status".into(),
+            message: format!("unknown status `{status}`"),
+        })?,
+        state: decode("state", &row.try_get::<String, _>("state")?)?,
+        version: row.try_get::<i64, _>("version")? as u64,
+        outcome: decode_opt("outcome", row.try_get("outcome")?)?,
+        parent: parent_task.zip(parent_step.map(|s| s as u64)),
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        id,
+    })
+}
+
+fn entry_from_row(row: &SqliteRow) -> Result<JournalEntry> {
+    let verdict: String = row.try_get("verdict")?;
+    Ok(JournalEntry {
+        step: row.try_get::<i64, _>("step")? as u64,
+        attempt: row.try_get::<i64, _>("attempt")? as u32,
+        verdict: if verdict == "accepted" {
+            Verdict::Accepted
+        } else {
+            Verdict::Rejected
+        },
+        output: row.try_get("output")?,
+        patch: decode_opt("patch", row.try_get("patch")?)?,
+        action: decode_opt("action", row.try_get("action")?)?,
+        errors: decode_opt("errors", row.try_get("errors")?)?,
+        state_hash: row.try_get("state_hash")?,
+        prompt_tokens: row.try_get::<i64, _>("prompt_tokens")? as u64,
+        prompt_hash: row.try_get("prompt_hash")?,
+        usage: decode_opt("usage", row.try_get("usage")?)?,
+        latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn verdict_str(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Accepted => "accepted",
+        Verdict::Rejected => "rejected",
+    }
+}
+
+async fn insert_entry(
+    conn: &mut sqlx::SqliteConnection,
+    task: &str,
+    entry: &JournalEntry,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(task)
+    .bind(entry.step as i64)
+    .bind(i64::from(entry.attempt))
+    .bind(verdict_str(entry.verdict))
+    .bind(&entry.output)
+    .bind(entry.patch.as_ref().map(to_json))
+    .bind(entry.action.as_ref().map(to_json))
+    .bind(entry.errors.as_ref().map(to_json))
+    .bind(&entry.state_hash)
+    .bind(entry.prompt_tokens as i64)
+    .bind(&entry.prompt_hash)
+    .bind(entry.usage.as_ref().map(to_json))
+    .bind(entry.latency_ms as i64)
+    .bind(entry.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, model, environment, env_checkpoint, status, state, version, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?)",
+        )
+        .bind(&id)
+        .bind(&task.skill.name)
+        .bind(to_json(&task.skill))
+        .bind(to_json(&task.tools))
+        .bind(task.context.as_str())
+        .bind(&task.model)
+        .bind(task.environment.as_ref().map(to_json))
+        .bind(task.env_checkpoint.as_ref().map(to_json))
+        .bind(to_json(initial_state))
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)")
+            .bind(&id)
+            .bind(to_json(initial_state))
+            .bind(state_hash(initial_state))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES (?, 1, ?)")
+            .bind(&id)
+            .bind(&task.opening_observation)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.task(&id).await
+    }
+
+    async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord> {
+        let id = self.resolve_id(id_or_prefix).await?;
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&id)
+            .fetch_one(&self.pool)
+            .await?;
+        task_from_row(&row)
+    }
+
+    async fn list_tasks(&self) -> Result<Vec<TaskSummary>> {
+        let rows = sqlx::query(
+            "SELECT id, skill_name, status, version, model, created_at, updated_at FROM tasks ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = row.try_get("status")?;
+                Ok(TaskSummary {
+                    id: row.try_get("id")?,
+                    skill_name: row.try_get("skill_name")?,
+                    status: TaskStatus::parse(&status).ok_or_else(|| StoreError::Decode {
+                        what: "task status".into(),
+                        message: format!("unknown status `{status}`"),
+                    })?,
+                    version: row.try_get::<i64, _>("version")? as u64,
+                    model: row.try_get("model")?,
+                    created_at: row.try_get("created_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        insert_entry(&mut tx, task, entry).await?;
+        sqlx::query("UPDATE tasks SET updated_at = ? WHERE id = ?")
+            .bind(now_millis())
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn commit_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()> {
+        let next_version = expected_version + 1;
+        let now = now_millis();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let (status, outcome) = match &commit.status {
+            Some((status, outcome)) => (Some(status.as_str()), outcome.as_ref().map(to_json)),
+            None => (None, None),
+        };
+        let updated = sqlx::query(
+            "UPDATE tasks SET state = ?, version = ?, updated_at = ?, status = COALESCE(?, status), outcome = COALESCE(?, outcome) WHERE id = ? AND version = ?",
+        )
+        .bind(to_json(&commit.new_state))
+        .bind(next_version as i64)
+        .bind(now)
+        .bind(status)
+        .bind(outcome)
+        .bind(task)
+        .bind(expected_version as i64)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            drop(tx);
+            let actual = self.current_version(task).await?;
+            return Err(StoreError::Conflict {
+                task: task.to_owned(),
+                expected: expected_version,
+                actual,
+            });
+        }
+        insert_entry(&mut tx, task, &commit.entry).await?;
+        if let Some(intent) = &commit.intent {
+            sqlx::query(
+                "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+            )
+            .bind(task)
+            .bind(next_version as i64)
+            .bind(&intent.tool)
+            .bind(to_json(&intent.args))
+            .bind(&intent.idempotency_key)
+            .bind(&intent.side_effect)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if next_version.is_multiple_of(self.snapshot_every) {
+            sqlx::query(
+                "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)",
+            )
+            .bind(task)
+            .bind(next_version as i64)
+            .bind(to_json(&commit.new_state))
+            .bind(state_hash(&commit.new_state))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
+        let now = now_millis();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let updated = sqlx::query(
+            "UPDATE intents SET status = 'done', ok = ?, result = ?, finished_at = ? WHERE task_id = ? AND step = ? AND status = 'pending'",
+        )
+        .bind(result.ok)
+        .bind(&result.result)
+        .bind(now)
+        .bind(task)
+        .bind(result.step as i64)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::Corrupt {
+                task: task.to_owned(),
+                step: result.step,
+                message: "no pending action intent to complete".into(),
+            });
+        }
+        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES (?, ?, ?)")
+            .bind(task)
+            .bind((result.step + 1) as i64)
+            .bind(&result.next_observation)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ?")
+            .bind(result.env_checkpoint.as_ref().map(to_json))
+            .bind(now)
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn set_status(
+        &self,
+        task: &str,
+        status: TaskStatus,
+        outcome: Option<&Value>,
+    ) -> Result<()> {
+        let updated = sqlx::query("UPDATE tasks SET status = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE id = ?")
+            .bind(status.as_str())
+            .bind(outcome.map(to_json))
+            .bind(now_millis())
+            .bind(task)
+            .execute(&self.pool)
+            .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        Ok(())
+    }
+
+    async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>> {
+        let rows = sqlx::query("SELECT * FROM journal WHERE task_id = ? ORDER BY step, attempt")
+            .bind(task)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(entry_from_row).collect()
+    }
+
+    async fn observation(&self, task: &str, step: u64) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT text FROM observations WHERE task_id = ? AND step = ?")
+                .bind(task)
+                .bind(step as i64)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>> {
+        let rows = sqlx::query("SELECT * FROM intents WHERE task_id = ? ORDER BY step")
+            .bind(task)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = row.try_get("status")?;
+                Ok(IntentRecord {
+                    step: row.try_get::<i64, _>("step")? as u64,
+                    tool: row.try_get("tool")?,
+                    args: decode("intent args", &row.try_get::<String, _>("args")?)?,
+                    idempotency_key: row.try_get("idempotency_key")?,
+                    side_effect: row.try_get("side_effect")?,
+                    done: status == "done",
+                    ok: row.try_get("ok")?,
+                    result: row.try_get("result")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn snapshot_before(&self, task: &str, step: u64) -> Result<(u64, Value)> {
+        let row = sqlx::query("SELECT step, state FROM snapshots WHERE task_id = ? AND step <= ? ORDER BY step DESC LIMIT 1")
+            .bind(task)
+            .bind(step as i64)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt {
+                task: task.to_owned(),
+                step: 0,
+                message: "the initial state snapshot is missing".into(),
+            })?;
+        Ok((
+            row.try_get::<i64, _>("step")? as u64,
+            decode("snapshot", &row.try_get::<String, _>("state")?)?,
+        ))
+    }
+
+    async fn accepted_patches(
+        &self,
+        task: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, Value, String)>> {
+        let rows = sqlx::query(
+            "SELECT step, patch, state_hash FROM journal WHERE task_id = ? AND verdict = 'accepted' AND step BETWEEN ? AND ? ORDER BY step",
+        )
+        .bind(task)
+        .bind(from as i64)
+        .bind(to as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let step = row.try_get::<i64, _>("step")? as u64;
+                let patch: Option<String> = row.try_get("patch")?;
+                let hash: Option<String> = row.try_get("state_hash")?;
+                let corrupt = |message: &str| StoreError::Corrupt {
+                    task: task.to_owned(),
+                    step,
+                    message: message.to_owned(),
+                };
+                let patch = patch.ok_or_else(|| corrupt("accepted step without a patch"))?;
+                let patch = serde_json::from_str(&patch)
+                    .map_err(|e| corrupt(&format!("the patch is not JSON: {e}")))?;
+                Ok((
+                    step,
+                    patch,
+                    hash.ok_or_else(|| corrupt("accepted step without a state hash"))?,
+                ))
+            })
+            .collect()
+    }
+}
