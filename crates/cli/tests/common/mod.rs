@@ -1,0 +1,70 @@
+//! Helpers for tests that drive the real `skillstate` binary.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+use skillstate_bench::warehouse::{Event, WarehouseConfig, generate_events};
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_skillstate")
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn skillstate(db: &Path, args: &[&str]) -> Output {
+    Command::new(binary())
+        .current_dir(repo_root())
+        .env("SKILLSTATE_DB", db)
+        .args(args)
+        .output()
+        .expect("the skillstate binary runs")
+}
+
+/// A copy of the warehouse skill (named `warehouse`) whose environment uses `seed` and
+/// `events`, plus a script of correct answers for it. Returns (skill dir, script path).
+pub fn warehouse_copy(root: &Path, seed: u64, events: u32) -> (PathBuf, PathBuf) {
+    let dir = root.join("warehouse");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = repo_root().join("skills/warehouse");
+    for file in [
+        "SKILL.md",
+        "state.schema.json",
+        "state.init.json",
+        "skill.toml",
+    ] {
+        std::fs::copy(source.join(file), dir.join(file)).unwrap();
+    }
+    let settings = std::fs::read_to_string(dir.join("skill.toml")).unwrap();
+    let settings = settings
+        .replace("seed = 7", &format!("seed = {seed}"))
+        .replace("events = 10", &format!("events = {events}"));
+    std::fs::write(dir.join("skill.toml"), settings).unwrap();
+    let script = root.join("answers.jsonl");
+    let lines: Vec<String> = generate_events(&WarehouseConfig {
+        seed,
+        events,
+        shelves: 500,
+    })
+    .iter()
+    .map(correct_answer)
+    .collect();
+    std::fs::write(&script, lines.join("\n")).unwrap();
+    (dir, script)
+}
+
+pub fn correct_answer(event: &Event) -> String {
+    let (tool, args) = event.expected_action();
+    let patch = match event {
+        Event::Receive { item, shelf } => json!({"inventory": {shelf: item}}),
+        Event::Order { shelf, .. } => json!({"inventory": {shelf: Value::Null}}),
+        Event::Maintenance { item, shelf, to } => {
+            json!({"inventory": {shelf: Value::Null, to: item}})
+        }
+    };
+    json!({"reasoning": "procedure", "state_patch": patch, "action": {"tool": tool, "args": args}})
+        .to_string()
+}

@@ -1,0 +1,60 @@
+//! The exact prompt the `state` strategy renders, pinned by snapshots: at step 1, at step 5 of
+//! the demo, with an over-long observation, and on a retry.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use skillstate_core::prompt::PromptInput;
+use skillstate_core::validate::Document;
+use skillstate_core::{ContextStrategy, Rejection, RejectionKind, ToolCatalog, render};
+use skillstate_runtime::rebuild_prompt;
+use skillstate_tools::Environment;
+
+#[tokio::test]
+async fn state_prompt_at_step_1_and_step_5() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _) = sqlite_store(tmp.path()).await;
+    let skill = warehouse_skill(7, 10);
+    let (task, _) = run_warehouse(store.clone(), &skill, 7, 10, correct_answers(7, 10)).await;
+    let (step1, _) = rebuild_prompt(store.as_ref(), &task, 1, 1).await.unwrap();
+    let (step5, _) = rebuild_prompt(store.as_ref(), &task, 5, 1).await.unwrap();
+    assert_eq!(
+        step1.prefix, step5.prefix,
+        "the stable prefix must not change between steps"
+    );
+    insta::assert_snapshot!("state_prompt_step_1", step1.text());
+    insta::assert_snapshot!("state_prompt_step_5_body", step5.body);
+}
+
+#[test]
+fn long_observations_are_cut_and_retries_carry_errors() {
+    let skill = warehouse_skill(7, 10);
+    let env = warehouse(7, 10);
+    let catalog = ToolCatalog::new(env.tools().iter().map(|t| t.spec().clone()).collect()).unwrap();
+    let observation = format!(
+        "Customer ordered item_12.\n{}",
+        "Sensor 4 humidity 41%. ".repeat(200)
+    );
+    let retry = vec![Rejection {
+        kind: RejectionKind::Schema,
+        document: Document::State,
+        pointer: "/inventory/shelf_3".into(),
+        message: "after the patch the state breaks the schema: 7 is not of type \"string\"".into(),
+    }];
+    let prompt = render(
+        ContextStrategy::State,
+        &PromptInput {
+            skill: &skill.definition,
+            tools: catalog.specs(),
+            read_only: &["/shelf_count".to_owned()],
+            state: &json!({"shelf_count": 500, "inventory": {"shelf_42": "item_12"}}),
+            observation: &observation,
+            observation_budget: 40,
+            retry: &retry,
+        },
+    );
+    assert!(prompt.body.contains("[observation truncated: first 40 of"));
+    insta::assert_snapshot!("state_prompt_truncated_with_retry_body", prompt.body);
+}
