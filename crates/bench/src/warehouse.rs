@@ -87,6 +87,21 @@ impl Event {
     }
 }
 
+/// The answer a perfect agent gives to `event` with the warehouse skill: the inventory patch
+/// and the ground-truth action, in the JSON object form. Scripts for demos and tests are built
+/// from it.
+pub fn reference_answer(event: &Event) -> String {
+    let (tool, args) = event.expected_action();
+    let patch = match event {
+        Event::Receive { item, shelf } => json!({"inventory": {shelf: item}}),
+        Event::Order { shelf, .. } => json!({"inventory": {shelf: Value::Null}}),
+        Event::Maintenance { item, shelf, to } => {
+            json!({"inventory": {shelf: Value::Null, to: item}})
+        }
+    };
+    json!({"reasoning": "following the procedure", "state_patch": patch, "action": {"tool": tool, "args": args}}).to_string()
+}
+
 /// Generates the event sequence for a configuration (BENCHMARK.md "Event generation").
 pub fn generate_events(config: &WarehouseConfig) -> Vec<Event> {
     let mut rng = SeededRng::new(config.seed);

@@ -258,43 +258,39 @@ async fn crash_after_commit(
     task.id
 }
 
-#[tokio::test]
-async fn after_a_crash_an_effectful_action_is_not_repeated_blindly() {
+/// Restarts the crashed task with a fresh environment; returns how often the tool ran and the
+/// observation step 2 starts from.
+async fn restart(side_effect: SideEffect) -> (String, usize, String) {
     let tmp = tempfile::tempdir().unwrap();
     let (store, _) = sqlite_store(tmp.path()).await;
-    let task = crash_after_commit(store.clone(), SideEffect::Effectful).await;
+    let task = crash_after_commit(store.clone(), side_effect).await;
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut env = Till::new(SideEffect::Effectful, calls.clone());
+    let mut env = Till::new(side_effect, calls.clone());
     let model = scripted(vec![String::new(), answer(json!({}), "finish", json!({}))]);
     let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
         .run(&task)
         .await
         .unwrap();
     assert_eq!(outcome.status, TaskStatus::Completed);
-    assert_eq!(
-        calls.load(std::sync::atomic::Ordering::SeqCst),
-        0,
-        "the effectful tool must not run again"
-    );
     let observation = store.observation(&task, 2).await.unwrap().unwrap();
+    (
+        task,
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        observation,
+    )
+}
+
+#[tokio::test]
+async fn after_a_crash_an_effectful_action_is_not_repeated_blindly() {
+    let (_, calls, observation) = restart(SideEffect::Effectful).await;
+    assert_eq!(calls, 0, "the effectful tool must not run again");
     assert!(observation.starts_with("Outcome unknown"), "{observation}");
     assert!(observation.contains("charge"));
 }
 
 #[tokio::test]
 async fn after_a_crash_an_idempotent_action_runs_again_with_the_same_key() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (store, _) = sqlite_store(tmp.path()).await;
-    let task = crash_after_commit(store.clone(), SideEffect::Idempotent).await;
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut env = Till::new(SideEffect::Idempotent, calls.clone());
-    let model = scripted(vec![String::new(), answer(json!({}), "finish", json!({}))]);
-    let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
-        .run(&task)
-        .await
-        .unwrap();
-    assert_eq!(outcome.status, TaskStatus::Completed);
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-    let observation = store.observation(&task, 2).await.unwrap().unwrap();
+    let (task, calls, observation) = restart(SideEffect::Idempotent).await;
+    assert_eq!(calls, 1);
     assert_eq!(observation, format!("charged once with key {task}:1"));
 }

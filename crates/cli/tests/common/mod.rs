@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde_json::{Value, json};
-use skillstate_bench::warehouse::{Event, WarehouseConfig, generate_events};
+use skillstate_bench::warehouse::{WarehouseConfig, generate_events, reference_answer};
 
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_skillstate")
@@ -50,21 +49,8 @@ pub fn warehouse_copy(root: &Path, seed: u64, events: u32) -> (PathBuf, PathBuf)
         shelves: 500,
     })
     .iter()
-    .map(correct_answer)
+    .map(reference_answer)
     .collect();
     std::fs::write(&script, lines.join("\n")).unwrap();
     (dir, script)
-}
-
-pub fn correct_answer(event: &Event) -> String {
-    let (tool, args) = event.expected_action();
-    let patch = match event {
-        Event::Receive { item, shelf } => json!({"inventory": {shelf: item}}),
-        Event::Order { shelf, .. } => json!({"inventory": {shelf: Value::Null}}),
-        Event::Maintenance { item, shelf, to } => {
-            json!({"inventory": {shelf: Value::Null, to: item}})
-        }
-    };
-    json!({"reasoning": "procedure", "state_patch": patch, "action": {"tool": tool, "args": args}})
-        .to_string()
 }

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{Value, json};
-use skillstate_bench::warehouse::{Event, Warehouse, WarehouseConfig, generate_events};
+use serde_json::json;
+use skillstate_bench::warehouse::{Warehouse, WarehouseConfig, generate_events, reference_answer};
 use skillstate_core::skill::EnvironmentSettings;
 use skillstate_core::{ContextStrategy, Skill};
 use skillstate_providers::{ModelProvider, ScriptedModel};
@@ -50,19 +50,6 @@ pub fn scripted(outputs: Vec<String>) -> Arc<dyn ModelProvider> {
     Arc::new(ScriptedModel::from_outputs("test.jsonl".into(), outputs))
 }
 
-/// The answer a perfect agent gives to `event`, in the object form.
-pub fn correct_answer(event: &Event) -> String {
-    let (tool, args) = event.expected_action();
-    let patch = match event {
-        Event::Receive { item, shelf } => json!({"inventory": {shelf: item}}),
-        Event::Order { shelf, .. } => json!({"inventory": {shelf: Value::Null}}),
-        Event::Maintenance { item, shelf, to } => {
-            json!({"inventory": {shelf: Value::Null, to: item}})
-        }
-    };
-    json!({"reasoning": "following the procedure", "state_patch": patch, "action": {"tool": tool, "args": args}}).to_string()
-}
-
 pub fn correct_answers(seed: u64, events: u32) -> Vec<String> {
     generate_events(&WarehouseConfig {
         seed,
@@ -70,7 +57,7 @@ pub fn correct_answers(seed: u64, events: u32) -> Vec<String> {
         shelves: 500,
     })
     .iter()
-    .map(correct_answer)
+    .map(reference_answer)
     .collect()
 }
 
