@@ -13,7 +13,7 @@ pub mod validate;
 
 pub use output::{ParsedOutput, RawAction, parse_output};
 pub use patch::StatePatch;
-pub use prompt::{ContextStrategy, Prompt, PromptInput, fit_observation, render};
+pub use prompt::{ContextStrategy, Prompt, PromptInput, Turn, fit_observation, render};
 pub use schema::StateSchema;
 pub use skill::{Skill, SkillDefinition, SkillErrors, SkillProblem};
 pub use tokens::count_tokens;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
-use skillstate_bench::warehouse::{Warehouse, WarehouseConfig};
+use skillstate_envs::warehouse::{Warehouse, WarehouseConfig};
 use skillstate_core::{ContextStrategy, Skill, StepRules, ToolCatalog, validate_step};
 use skillstate_store::{
     JournalEntry, NewIntent, NewTask, SqliteStore, StepCommit, Store, Synchronous, Verdict,
@@ -88,6 +88,7 @@ fn bench(c: &mut Criterion) {
                             .cloned()
                             .collect(),
                         context: ContextStrategy::State,
+        context_budget: None,
                         model: "bench".into(),
                         environment: None,
                         env_checkpoint: None,

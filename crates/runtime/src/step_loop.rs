@@ -1,11 +1,13 @@
 //! The runner: drives one task through its steps, committing each accepted step atomically.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
 use skillstate_core::tool::CatalogError;
+use skillstate_core::prompt::Turn;
 use skillstate_core::{
     AcceptedStep, Action, ContextStrategy, Prompt, PromptInput, RejectedStep, Rejection, Skill,
     StepRules, ToolCatalog, ToolSpec, count_tokens, render, validate_step,
@@ -64,14 +66,32 @@ pub struct RunOutcome {
     pub outcome: Option<Value>,
 }
 
+/// How a new task is run: which model, and what its prompts keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskOptions {
+    pub model: String,
+    pub context: ContextStrategy,
+    /// Token budget for `window` and `summary` (see `PromptInput::context_budget`).
+    pub context_budget: Option<usize>,
+}
+
+impl TaskOptions {
+    pub fn new(model: impl Into<String>, context: ContextStrategy) -> Self {
+        Self {
+            model: model.into(),
+            context,
+            context_budget: None,
+        }
+    }
+}
+
 /// Creates a task for `skill` in `env`: freezes the skill and the tools it may use, and records
 /// the opening observation.
 pub async fn start_task(
     store: &dyn Store,
     skill: &Skill,
     env: &mut dyn Environment,
-    model_spec: &str,
-    context: ContextStrategy,
+    options: &TaskOptions,
 ) -> Result<TaskRecord, RuntimeError> {
     let tools = select_tools(&env.tools(), &skill.settings().tools)?;
     let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
@@ -80,8 +100,9 @@ pub async fn start_task(
     let task = NewTask {
         skill: skill.definition.clone(),
         tools: specs,
-        context,
-        model: model_spec.to_owned(),
+        context: options.context,
+        context_budget: options.context_budget,
+        model: options.model.clone(),
         environment: skill
             .settings()
             .environment
@@ -101,6 +122,7 @@ struct TaskFrame {
     catalog: ToolCatalog,
     read_only: Vec<String>,
     context: ContextStrategy,
+    context_budget: Option<usize>,
 }
 
 impl TaskFrame {
@@ -118,10 +140,11 @@ impl TaskFrame {
             catalog,
             read_only,
             context: task.context,
+            context_budget: task.context_budget,
         })
     }
 
-    fn prompt(&self, state: &Value, observation: &str, retry: &[Rejection]) -> Prompt {
+    fn prompt(&self, state: &Value, observation: &str, retry: &[Rejection], turns: &[Turn]) -> Prompt {
         render(
             self.context,
             &PromptInput {
@@ -132,6 +155,8 @@ impl TaskFrame {
                 observation,
                 observation_budget: self.skill.settings().budgets.observation_tokens,
                 retry,
+                turns,
+                context_budget: self.context_budget,
             },
         )
     }
@@ -170,10 +195,45 @@ pub async fn rebuild_prompt(
         Some(previous) => rejections_of(previous),
         None => Vec::new(),
     };
+    let turns = if task.context.uses_turns() {
+        load_turns(store, &task.id, step - 1).await?
+    } else {
+        Vec::new()
+    };
     Ok((
-        frame.prompt(&state, &observation, &retry),
+        frame.prompt(&state, &observation, &retry, &turns),
         entry.prompt_hash.clone(),
     ))
+}
+
+/// The accepted steps up to `up_to` as transcript turns, from the journal, observations and
+/// action results.
+async fn load_turns(store: &dyn Store, task: &str, up_to: u64) -> Result<Vec<Turn>, RuntimeError> {
+    let observations: BTreeMap<u64, String> = store.observations(task).await?.into_iter().collect();
+    let results: BTreeMap<u64, Option<String>> = store
+        .intents(task)
+        .await?
+        .into_iter()
+        .map(|i| (i.step, i.result))
+        .collect();
+    Ok(store
+        .journal(task)
+        .await?
+        .into_iter()
+        .filter(|e| e.verdict == Verdict::Accepted && e.step <= up_to)
+        .map(|e| Turn {
+            step: e.step,
+            observation: observations.get(&e.step).cloned().unwrap_or_default(),
+            action: e
+                .action
+                .as_ref()
+                .and_then(Action::from_call_json)
+                .map(|a| a.summary())
+                .unwrap_or_default(),
+            answer: e.output,
+            result: results.get(&e.step).cloned().flatten(),
+        })
+        .collect())
 }
 
 fn rejections_of(entry: &JournalEntry) -> Vec<Rejection> {
@@ -240,7 +300,12 @@ impl<'a> Runner<'a> {
         if task.status == TaskStatus::Running {
             self.settle_pending_intent(&task.id, task.version, &env_tools)
                 .await?;
-            self.drive(&task, &frame, &env_tools).await?;
+            let mut turns = if task.context.uses_turns() {
+                load_turns(self.store.as_ref(), &task.id, task.version).await?
+            } else {
+                Vec::new()
+            };
+            self.drive(&task, &frame, &env_tools, &mut turns).await?;
         }
         let final_task = self.store.task(&task.id).await?;
         Ok(RunOutcome {
@@ -257,6 +322,7 @@ impl<'a> Runner<'a> {
         task: &TaskRecord,
         frame: &TaskFrame,
         env_tools: &[Arc<dyn Tool>],
+        turns: &mut Vec<Turn>,
     ) -> Result<(), RuntimeError> {
         let mut state = task.state.clone();
         let mut version = task.version;
@@ -274,7 +340,7 @@ impl<'a> Runner<'a> {
                 return self.finish(&task.id, TaskStatus::Failed, outcome).await;
             }
             if let StepEnd::Stop = self
-                .step(&task.id, frame, &mut state, &mut version, env_tools)
+                .step(&task.id, frame, &mut state, &mut version, env_tools, turns)
                 .await?
             {
                 return Ok(());
@@ -300,6 +366,7 @@ impl<'a> Runner<'a> {
         state: &mut Value,
         version: &mut u64,
         env_tools: &[Arc<dyn Tool>],
+        turns: &mut Vec<Turn>,
     ) -> Result<StepEnd, RuntimeError> {
         let step = *version + 1;
         let observation =
@@ -326,7 +393,7 @@ impl<'a> Runner<'a> {
         let max_attempts = settings.run.max_retries + 1;
 
         for attempt in first_attempt..=max_attempts {
-            let prompt = frame.prompt(state, &observation, &retry);
+            let prompt = frame.prompt(state, &observation, &retry, turns);
             let text = prompt.text();
             let prompt_tokens = count_tokens(&text);
             let started = Instant::now();
@@ -375,9 +442,21 @@ impl<'a> Runner<'a> {
                     retry = rejected.rejections;
                 }
                 Ok(accepted) => {
-                    return self
+                    let answer = entry.output.clone();
+                    let action = accepted.action.summary();
+                    let (end, result) = self
                         .commit_and_act(task, step, entry, accepted, state, version, env_tools)
-                        .await;
+                        .await?;
+                    if frame.context.uses_turns() {
+                        turns.push(Turn {
+                            step,
+                            observation,
+                            answer,
+                            action,
+                            result,
+                        });
+                    }
+                    return Ok(end);
                 }
             }
         }
@@ -406,7 +485,7 @@ impl<'a> Runner<'a> {
         state: &mut Value,
         version: &mut u64,
         env_tools: &[Arc<dyn Tool>],
-    ) -> Result<StepEnd, RuntimeError> {
+    ) -> Result<(StepEnd, Option<String>), RuntimeError> {
         entry.verdict = Verdict::Accepted;
         entry.patch = Some(accepted.patch.to_value());
         entry.action = Some(accepted.action.to_call_json());
@@ -451,13 +530,15 @@ impl<'a> Runner<'a> {
         *state = accepted.new_state;
         *version = step;
         if status.is_some() {
-            return Ok(StepEnd::Stop);
+            return Ok((StepEnd::Stop, None));
         }
+        let mut result = None;
         if let Action::Tool { name, args } = &accepted.action {
             let output = self.execute(task, step, name, args, env_tools).await;
+            result = Some(output.text.clone());
             self.record_result(task, step, output).await?;
         }
-        Ok(StepEnd::Continue)
+        Ok((StepEnd::Continue, result))
     }
 
     async fn execute(

@@ -28,6 +28,25 @@ async fn state_prompt_at_step_1_and_step_5() {
     insta::assert_snapshot!("state_prompt_step_5_body", step5.body);
 }
 
+/// Every strategy's prompt at step 5 of the same run: same prefix, different context.
+#[tokio::test]
+async fn every_strategy_at_step_5() {
+    let skill = warehouse_skill(7, 10);
+    let mut prefixes = Vec::new();
+    for strategy in ContextStrategy::ALL {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, _) = sqlite_store(tmp.path()).await;
+        // A small window budget so that the window visibly drops steps.
+        let budget = (strategy == ContextStrategy::Window).then_some(1350);
+        let (task, _) = run_warehouse_with(store.clone(), &skill, 7, 10, correct_answers(7, 10), strategy, budget).await;
+        let (prompt, recorded) = rebuild_prompt(store.as_ref(), &task, 5, 1).await.unwrap();
+        assert_eq!(skillstate_core::json::text_hash(&prompt.text()), recorded, "{strategy:?}");
+        insta::assert_snapshot!(format!("step_5_body_{}", strategy.as_str()), prompt.body);
+        prefixes.push(prompt.prefix);
+    }
+    assert!(prefixes.windows(2).all(|w| w[0] == w[1]), "all strategies share the stable prefix");
+}
+
 #[test]
 fn long_observations_are_cut_and_retries_carry_errors() {
     let skill = warehouse_skill(7, 10);
@@ -53,6 +72,8 @@ fn long_observations_are_cut_and_retries_carry_errors() {
             observation: &observation,
             observation_budget: 40,
             retry: &retry,
+            turns: &[],
+            context_budget: None,
         },
     );
     assert!(prompt.body.contains("[observation truncated: first 40 of"));

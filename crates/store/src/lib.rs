@@ -91,6 +91,8 @@ pub trait Store: Send + Sync {
     ) -> Result<()>;
     async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>>;
     async fn observation(&self, task: &str, step: u64) -> Result<Option<String>>;
+    /// Every recorded observation as `(step, text)`, in step order.
+    async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>>;
     async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>>;
     /// The latest snapshot at or before `step`, as `(step, state)`.
     async fn snapshot_before(&self, task: &str, step: u64) -> Result<(u64, Value)>;

@@ -30,7 +30,7 @@ pub struct SqliteStore {
     snapshot_every: u64,
 }
 
-const TASK_COLUMNS: &str = "id, skill, tools, context, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
+const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
 
 impl SqliteStore {
     pub async fn open(location: &str, synchronous: Synchronous) -> Result<Self> {
@@ -157,6 +157,7 @@ fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
             what: "context strategy".into(),
             message: format!("unknown strategy `{context}`"),
         })?,
+        context_budget: row.try_get::<Option<i64>, _>("context_budget")?.map(|b| b as usize),
         model: row.try_get("model")?,
         environment: decode_opt("environment", row.try_get("environment")?)?,
         env_checkpoint: decode_opt("environment checkpoint", row.try_get("env_checkpoint")?)?,
@@ -238,13 +239,14 @@ impl Store for SqliteStore {
         let now = now_millis();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, model, environment, env_checkpoint, status, state, version, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?)",
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?)",
         )
         .bind(&id)
         .bind(&task.skill.name)
         .bind(to_json(&task.skill))
         .bind(to_json(&task.tools))
         .bind(task.context.as_str())
+        .bind(task.context_budget.map(|b| b as i64))
         .bind(&task.model)
         .bind(task.environment.as_ref().map(to_json))
         .bind(task.env_checkpoint.as_ref().map(to_json))
@@ -450,6 +452,16 @@ impl Store for SqliteStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>> {
+        let rows = sqlx::query("SELECT step, text FROM observations WHERE task_id = ? ORDER BY step")
+            .bind(task)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get::<i64, _>("step")? as u64, row.try_get("text")?)))
+            .collect()
     }
 
     async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>> {

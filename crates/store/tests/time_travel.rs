@@ -25,6 +25,7 @@ fn new_task() -> NewTask {
         skill: definition(),
         tools: Vec::new(),
         context: ContextStrategy::State,
+        context_budget: None,
         model: "scripted:test".into(),
         environment: None,
         env_checkpoint: None,

@@ -31,7 +31,7 @@ pub fn environment_for(skill: &Skill, input: Option<&str>) -> Result<Box<dyn Env
                     settings.kind
                 );
             }
-            skillstate_bench::build_environment(settings).context("skill.toml [environment]")
+            skillstate_envs::build_environment(settings).context("skill.toml [environment]")
         }
         None => {
             let request = input.with_context(|| {

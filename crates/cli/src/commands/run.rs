@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep};
-use skillstate_runtime::{RunObserver, Runner, start_task};
+use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
 use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
 
@@ -21,6 +21,10 @@ pub struct RunArgs {
     /// What each prompt keeps besides the procedure and tools.
     #[arg(long, default_value = "state", value_parser = parse_context)]
     context: ContextStrategy,
+    /// Token budget for the whole prompt with `--context window` (default 1800) and
+    /// `--context summary` (drops the oldest summary lines to fit; uncapped by default).
+    #[arg(long)]
+    budget: Option<usize>,
     /// The request that opens the task, for skills without a built-in environment.
     #[arg(long)]
     input: Option<String>,
@@ -83,14 +87,12 @@ pub async fn run(db: &str, args: RunArgs) -> Result<ExitCode> {
         Arc::from(skillstate_providers::from_spec(&args.model).context("--model")?);
     let mut env = environment_for(&skill, args.input.as_deref())?;
     let store = skillstate_store::open(db).await?;
-    let task = start_task(
-        store.as_ref(),
-        &skill,
-        env.as_mut(),
-        &model.spec(),
-        args.context,
-    )
-    .await?;
+    let options = TaskOptions {
+        model: model.spec(),
+        context: args.context,
+        context_budget: args.budget,
+    };
+    let task = start_task(store.as_ref(), &skill, env.as_mut(), &options).await?;
     if !args.quiet {
         eprintln!("task {} started ({} in {db})", task.id, skill.name());
     }

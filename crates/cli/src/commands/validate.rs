@@ -28,7 +28,7 @@ pub fn run(dir: &Path) -> Result<ExitCode> {
     let skill = loaded.skill;
     let tools = match &skill.settings().environment {
         Some(settings) => {
-            let env = match skillstate_bench::build_environment(settings) {
+            let env = match skillstate_envs::build_environment(settings) {
                 Ok(env) => env,
                 Err(error) => {
                     println!("error: {}: {error}", dir.join("skill.toml").display());

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use skillstate_bench::warehouse::{WarehouseConfig, generate_events, reference_answer};
+use skillstate_envs::warehouse::{WarehouseConfig, generate_events, reference_answer};
 
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_skillstate")

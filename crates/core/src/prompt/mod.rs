@@ -6,34 +6,74 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::skill::SkillDefinition;
-use crate::tokens::truncate_to_tokens;
+use crate::tokens::{count_tokens, truncate_to_tokens};
 use crate::tool::ToolSpec;
 use crate::validate::Rejection;
 
-/// Which context a prompt keeps besides the stable prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// Which context a prompt keeps besides the stable prefix (DESIGN.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ContextStrategy {
     /// SKILL.state: the current state and the latest observation only.
     #[default]
     State,
+    /// ReAct: every earlier (observation, answer) pair, then the latest observation.
+    History,
+    /// A rolling one-line-per-step summary of older steps, the last 3 steps in full.
+    Summary,
+    /// LangGraph-style: the state as indented JSON plus the full transcript.
+    Stateful,
+    /// The most recent steps that fit the context budget.
+    Window,
 }
 
+/// Steps the `summary` strategy shows in full.
+pub const SUMMARY_RECENT_TURNS: usize = 3;
+/// Context budget of the `window` strategy when none is given, in tokens.
+pub const DEFAULT_WINDOW_BUDGET: usize = 1800;
+
 impl ContextStrategy {
+    pub const ALL: [ContextStrategy; 5] = [
+        ContextStrategy::State,
+        ContextStrategy::History,
+        ContextStrategy::Summary,
+        ContextStrategy::Stateful,
+        ContextStrategy::Window,
+    ];
+    pub const NAMES: &'static [&'static str] = &["state", "history", "summary", "stateful", "window"];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ContextStrategy::State => "state",
+            ContextStrategy::History => "history",
+            ContextStrategy::Summary => "summary",
+            ContextStrategy::Stateful => "stateful",
+            ContextStrategy::Window => "window",
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "state" => Some(ContextStrategy::State),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
     }
 
-    pub const NAMES: &'static [&'static str] = &["state"];
+    /// Whether the prompt shows earlier steps (and so needs them to be rendered).
+    pub fn uses_turns(self) -> bool {
+        !matches!(self, ContextStrategy::State)
+    }
+}
+
+/// One earlier accepted step, as transcript strategies show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    pub step: u64,
+    /// The observation the step started from.
+    pub observation: String,
+    /// The model's accepted answer, verbatim.
+    pub answer: String,
+    /// Short form of the action (`ship(item=item_1, shelf=shelf_4)`).
+    pub action: String,
+    /// What the action's tool returned, when it ran.
+    pub result: Option<String>,
 }
 
 /// A rendered prompt. `prefix` is identical for every step of a task; `body` changes.
@@ -62,21 +102,142 @@ pub struct PromptInput<'a> {
     pub observation_budget: usize,
     /// Errors from rejected attempts at this step, newest attempt only.
     pub retry: &'a [Rejection],
+    /// Earlier accepted steps, oldest first (ignored by `state`).
+    pub turns: &'a [Turn],
+    /// Token budget for the whole prompt: `window` keeps the recent steps that fit it (default
+    /// `DEFAULT_WINDOW_BUDGET`), `summary` drops its oldest lines to fit it (uncapped if `None`).
+    pub context_budget: Option<usize>,
 }
 
 pub fn render(strategy: ContextStrategy, input: &PromptInput<'_>) -> Prompt {
     let prefix = stable_prefix(input);
-    let mut body = String::new();
-    match strategy {
-        ContextStrategy::State => {
-            body.push_str("# Current state\n");
-            body.push_str(&serde_json::to_string(input.state).unwrap_or_default());
-            body.push_str("\n\n");
-            push_observation(&mut body, input);
+    let mut tail = String::new();
+    push_observation(&mut tail, input);
+    push_retry(&mut tail, input.retry);
+    let body = match strategy {
+        ContextStrategy::State => format!("# Current state\n{}\n\n{tail}", compact(input.state)),
+        ContextStrategy::History => format!("{}{tail}", transcript("# Earlier steps\n", input.turns, input)),
+        ContextStrategy::Stateful => format!(
+            "# Current state\n{}\n\n{}{tail}",
+            serde_json::to_string_pretty(input.state).unwrap_or_default(),
+            transcript("# Earlier steps\n", input.turns, input)
+        ),
+        ContextStrategy::Summary => summary_body(&prefix, &tail, input),
+        ContextStrategy::Window => window_body(&prefix, &tail, input),
+    };
+    Prompt { prefix, body }
+}
+
+fn compact(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn render_turn(turn: &Turn, input: &PromptInput<'_>) -> String {
+    format!(
+        "## Step {}\nObservation:\n{}\nAnswer:\n{}\n\n",
+        turn.step,
+        fit_observation(&turn.observation, input.observation_budget),
+        turn.answer.trim()
+    )
+}
+
+fn transcript(header: &str, turns: &[Turn], input: &PromptInput<'_>) -> String {
+    if turns.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(header);
+    for turn in turns {
+        out.push_str(&render_turn(turn, input));
+    }
+    out
+}
+
+/// The alert part of an observation: what follows the previous action's result.
+fn alert_of<'t>(turn: &'t Turn, previous: Option<&Turn>) -> &'t str {
+    let observation = turn.observation.as_str();
+    match previous.and_then(|p| p.result.as_deref()) {
+        Some(result) => observation.strip_prefix(result).unwrap_or(observation).trim_start(),
+        None => observation,
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
+}
+
+/// One line per older step: its alert's first line, the action, and the action's result.
+fn summary_line(turn: &Turn, previous: Option<&Turn>) -> String {
+    let result = turn.result.as_deref().map(first_line).unwrap_or("no result");
+    format!(
+        "- step {}: {} => {} -> {}\n",
+        turn.step,
+        first_line(alert_of(turn, previous)),
+        turn.action,
+        result
+    )
+}
+
+fn summary_body(prefix: &str, tail: &str, input: &PromptInput<'_>) -> String {
+    let turns = input.turns;
+    let split = turns.len().saturating_sub(SUMMARY_RECENT_TURNS);
+    let recent = transcript("# Recent steps\n", &turns[split..], input);
+    let lines: Vec<String> = (0..split)
+        .map(|i| summary_line(&turns[i], i.checked_sub(1).map(|p| &turns[p])))
+        .collect();
+    let header = "# Summary of earlier steps\n";
+    let kept = match input.context_budget {
+        None => lines.len(),
+        Some(budget) => {
+            let fixed = count_tokens(prefix) + count_tokens(&recent) + count_tokens(tail) + count_tokens(header) + 16;
+            newest_that_fit(lines.iter().map(String::as_str), budget.saturating_sub(fixed))
+        }
+    };
+    let mut out = String::new();
+    if !lines.is_empty() {
+        out.push_str(header);
+        let dropped = lines.len() - kept;
+        if dropped > 0 {
+            out.push_str(&format!("({dropped} older steps dropped to fit the context budget)\n"));
+        }
+        for line in &lines[dropped..] {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out.push_str(&recent);
+    out.push_str(tail);
+    out
+}
+
+fn window_body(prefix: &str, tail: &str, input: &PromptInput<'_>) -> String {
+    let budget = input.context_budget.unwrap_or(DEFAULT_WINDOW_BUDGET);
+    let header = "# Recent steps (older steps are not shown)\n";
+    let rendered: Vec<String> = input.turns.iter().map(|t| render_turn(t, input)).collect();
+    let fixed = count_tokens(prefix) + count_tokens(tail) + count_tokens(header);
+    let kept = newest_that_fit(rendered.iter().map(String::as_str), budget.saturating_sub(fixed));
+    let mut out = String::new();
+    if kept > 0 {
+        out.push_str(header);
+        for turn in &rendered[rendered.len() - kept..] {
+            out.push_str(turn);
         }
     }
-    push_retry(&mut body, input.retry);
-    Prompt { prefix, body }
+    out.push_str(tail);
+    out
+}
+
+/// How many of the last `pieces` fit together in `budget` tokens, newest first.
+fn newest_that_fit<'p>(pieces: impl DoubleEndedIterator<Item = &'p str>, budget: usize) -> usize {
+    let mut used = 0;
+    let mut kept = 0;
+    for piece in pieces.rev() {
+        used += count_tokens(piece);
+        if used > budget {
+            break;
+        }
+        kept += 1;
+    }
+    kept
 }
 
 fn stable_prefix(input: &PromptInput<'_>) -> String {

@@ -5,6 +5,7 @@ CREATE TABLE tasks (
     skill          TEXT NOT NULL,            -- SkillDefinition JSON, frozen at task creation
     tools          TEXT NOT NULL,            -- ToolSpec JSON array, as presented to the model
     context        TEXT NOT NULL,            -- context strategy
+    context_budget INTEGER,                  -- token budget for window/summary, if any
     model          TEXT NOT NULL,            -- model spec
     environment    TEXT,                     -- [environment] settings JSON
     env_checkpoint TEXT,                     -- latest environment checkpoint JSON
