@@ -1,6 +1,7 @@
 //! Benchmark environments (SkillExecBench-style, see BENCHMARK.md) and the registry that builds
 //! a skill's environment from its `[environment]` settings.
 
+pub mod noise;
 mod params;
 pub mod rng;
 pub mod warehouse;

@@ -44,6 +44,23 @@ impl<'a> Params<'a> {
         }
     }
 
+    pub fn string(
+        &mut self,
+        key: &'static str,
+        default: &str,
+        allowed: &[&str],
+    ) -> Result<String, EnvironmentError> {
+        self.known.push(key);
+        match self.map.get(key) {
+            None => Ok(default.to_owned()),
+            Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(s.clone()),
+            Some(other) => Err(self.error(format!(
+                "[environment] {key} = {other} is not one of: {}",
+                allowed.join(", ")
+            ))),
+        }
+    }
+
     /// Fails on keys no reader asked for, so typos do not pass silently.
     pub fn finish(self) -> Result<(), EnvironmentError> {
         for key in self.map.keys() {

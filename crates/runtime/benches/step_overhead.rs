@@ -7,8 +7,8 @@ use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
-use skillstate_envs::warehouse::{Warehouse, WarehouseConfig};
 use skillstate_core::{ContextStrategy, Skill, StepRules, ToolCatalog, validate_step};
+use skillstate_envs::warehouse::{Warehouse, WarehouseConfig};
 use skillstate_store::{
     JournalEntry, NewIntent, NewTask, SqliteStore, StepCommit, Store, Synchronous, Verdict,
 };
@@ -46,11 +46,7 @@ fn answer(step: u64) -> String {
 
 fn bench(c: &mut Criterion) {
     let skill = skill();
-    let env = Warehouse::new(WarehouseConfig {
-        seed: 1,
-        events: 10,
-        shelves: 500,
-    });
+    let env = Warehouse::new(WarehouseConfig::new(1, 10));
     let catalog =
         ToolCatalog::new(env.tools().iter().map(|t| t.spec().clone()).collect()).expect("catalog");
     let rules = StepRules {
@@ -88,7 +84,7 @@ fn bench(c: &mut Criterion) {
                             .cloned()
                             .collect(),
                         context: ContextStrategy::State,
-        context_budget: None,
+                        context_budget: None,
                         model: "bench".into(),
                         environment: None,
                         env_checkpoint: None,

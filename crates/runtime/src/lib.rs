@@ -7,5 +7,6 @@ mod step_loop;
 
 pub use select::{SelectError, select_tools};
 pub use step_loop::{
-    NoProgress, RunObserver, RunOutcome, Runner, RuntimeError, TaskOptions, rebuild_prompt, start_task,
+    NoProgress, RunObserver, RunOutcome, Runner, RuntimeError, TaskOptions, rebuild_prompt,
+    start_task,
 };

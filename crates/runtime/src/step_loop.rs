@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
-use skillstate_core::tool::CatalogError;
 use skillstate_core::prompt::Turn;
+use skillstate_core::tool::CatalogError;
 use skillstate_core::{
     AcceptedStep, Action, ContextStrategy, Prompt, PromptInput, RejectedStep, Rejection, Skill,
     StepRules, ToolCatalog, ToolSpec, count_tokens, render, validate_step,
@@ -144,7 +144,13 @@ impl TaskFrame {
         })
     }
 
-    fn prompt(&self, state: &Value, observation: &str, retry: &[Rejection], turns: &[Turn]) -> Prompt {
+    fn prompt(
+        &self,
+        state: &Value,
+        observation: &str,
+        retry: &[Rejection],
+        turns: &[Turn],
+    ) -> Prompt {
         render(
             self.context,
             &PromptInput {

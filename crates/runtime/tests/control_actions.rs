@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use common::*;
 use serde_json::{Value, json};
 use skillstate_core::{ContextStrategy, Skill, SkillDefinition};
-use skillstate_runtime::{TaskOptions, NoProgress, Runner, start_task};
+use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
 use skillstate_store::{Store, TaskStatus, Verdict};
 use skillstate_tools::{
     CallContext, Environment, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
@@ -53,7 +53,8 @@ async fn finish_completes_with_its_result() {
         store.as_ref(),
         &skill,
         &mut env,
-        &TaskOptions::new(model.spec(), ContextStrategy::State))
+        &TaskOptions::new(model.spec(), ContextStrategy::State),
+    )
     .await
     .unwrap();
     assert_eq!(
@@ -92,7 +93,8 @@ async fn ask_user_pauses_the_task() {
         store.as_ref(),
         &skill,
         &mut env,
-        &TaskOptions::new(model.spec(), ContextStrategy::State))
+        &TaskOptions::new(model.spec(), ContextStrategy::State),
+    )
     .await
     .unwrap();
     let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
@@ -219,7 +221,8 @@ async fn crash_after_commit(
         store.as_ref(),
         &skill,
         &mut env,
-        &TaskOptions::new(model.spec(), ContextStrategy::State))
+        &TaskOptions::new(model.spec(), ContextStrategy::State),
+    )
     .await
     .unwrap();
     let commit = skillstate_store::StepCommit {

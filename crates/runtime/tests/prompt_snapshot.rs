@@ -38,13 +38,29 @@ async fn every_strategy_at_step_5() {
         let (store, _) = sqlite_store(tmp.path()).await;
         // A small window budget so that the window visibly drops steps.
         let budget = (strategy == ContextStrategy::Window).then_some(1350);
-        let (task, _) = run_warehouse_with(store.clone(), &skill, 7, 10, correct_answers(7, 10), strategy, budget).await;
+        let (task, _) = run_warehouse_with(
+            store.clone(),
+            &skill,
+            7,
+            10,
+            correct_answers(7, 10),
+            strategy,
+            budget,
+        )
+        .await;
         let (prompt, recorded) = rebuild_prompt(store.as_ref(), &task, 5, 1).await.unwrap();
-        assert_eq!(skillstate_core::json::text_hash(&prompt.text()), recorded, "{strategy:?}");
+        assert_eq!(
+            skillstate_core::json::text_hash(&prompt.text()),
+            recorded,
+            "{strategy:?}"
+        );
         insta::assert_snapshot!(format!("step_5_body_{}", strategy.as_str()), prompt.body);
         prefixes.push(prompt.prefix);
     }
-    assert!(prefixes.windows(2).all(|w| w[0] == w[1]), "all strategies share the stable prefix");
+    assert!(
+        prefixes.windows(2).all(|w| w[0] == w[1]),
+        "all strategies share the stable prefix"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::*;
 use serde_json::json;
 use skillstate_core::ContextStrategy;
-use skillstate_runtime::{TaskOptions, NoProgress, Runner, rebuild_prompt, start_task};
+use skillstate_runtime::{NoProgress, Runner, TaskOptions, rebuild_prompt, start_task};
 use skillstate_store::{Store, TaskStatus, Verdict};
 
 struct Case {
@@ -86,7 +86,8 @@ async fn every_bad_answer_is_rejected_without_touching_the_state() {
             store.as_ref(),
             &skill,
             &mut env,
-            &TaskOptions::new(model.spec(), ContextStrategy::State))
+            &TaskOptions::new(model.spec(), ContextStrategy::State),
+        )
         .await
         .unwrap();
         let before = raw_state(&store, &task.id).await;

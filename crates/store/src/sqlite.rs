@@ -157,7 +157,9 @@ fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
             what: "context strategy".into(),
             message: format!("unknown strategy `{context}`"),
         })?,
-        context_budget: row.try_get::<Option<i64>, _>("context_budget")?.map(|b| b as usize),
+        context_budget: row
+            .try_get::<Option<i64>, _>("context_budget")?
+            .map(|b| b as usize),
         model: row.try_get("model")?,
         environment: decode_opt("environment", row.try_get("environment")?)?,
         env_checkpoint: decode_opt("environment checkpoint", row.try_get("env_checkpoint")?)?,
@@ -455,10 +457,11 @@ impl Store for SqliteStore {
     }
 
     async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>> {
-        let rows = sqlx::query("SELECT step, text FROM observations WHERE task_id = ? ORDER BY step")
-            .bind(task)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT step, text FROM observations WHERE task_id = ? ORDER BY step")
+                .bind(task)
+                .fetch_all(&self.pool)
+                .await?;
         rows.iter()
             .map(|row| Ok((row.try_get::<i64, _>("step")? as u64, row.try_get("text")?)))
             .collect()

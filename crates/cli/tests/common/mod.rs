@@ -43,14 +43,10 @@ pub fn warehouse_copy(root: &Path, seed: u64, events: u32) -> (PathBuf, PathBuf)
         .replace("events = 10", &format!("events = {events}"));
     std::fs::write(dir.join("skill.toml"), settings).unwrap();
     let script = root.join("answers.jsonl");
-    let lines: Vec<String> = generate_events(&WarehouseConfig {
-        seed,
-        events,
-        shelves: 500,
-    })
-    .iter()
-    .map(reference_answer)
-    .collect();
+    let lines: Vec<String> = generate_events(&WarehouseConfig::new(seed, events))
+        .iter()
+        .map(reference_answer)
+        .collect();
     std::fs::write(&script, lines.join("\n")).unwrap();
     (dir, script)
 }

@@ -11,7 +11,9 @@ use crate::tool::ToolSpec;
 use crate::validate::Rejection;
 
 /// Which context a prompt keeps besides the stable prefix (DESIGN.md §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ContextStrategy {
     /// SKILL.state: the current state and the latest observation only.
@@ -40,7 +42,8 @@ impl ContextStrategy {
         ContextStrategy::Stateful,
         ContextStrategy::Window,
     ];
-    pub const NAMES: &'static [&'static str] = &["state", "history", "summary", "stateful", "window"];
+    pub const NAMES: &'static [&'static str] =
+        &["state", "history", "summary", "stateful", "window"];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -116,7 +119,10 @@ pub fn render(strategy: ContextStrategy, input: &PromptInput<'_>) -> Prompt {
     push_retry(&mut tail, input.retry);
     let body = match strategy {
         ContextStrategy::State => format!("# Current state\n{}\n\n{tail}", compact(input.state)),
-        ContextStrategy::History => format!("{}{tail}", transcript("# Earlier steps\n", input.turns, input)),
+        ContextStrategy::History => format!(
+            "{}{tail}",
+            transcript("# Earlier steps\n", input.turns, input)
+        ),
         ContextStrategy::Stateful => format!(
             "# Current state\n{}\n\n{}{tail}",
             serde_json::to_string_pretty(input.state).unwrap_or_default(),
@@ -156,18 +162,28 @@ fn transcript(header: &str, turns: &[Turn], input: &PromptInput<'_>) -> String {
 fn alert_of<'t>(turn: &'t Turn, previous: Option<&Turn>) -> &'t str {
     let observation = turn.observation.as_str();
     match previous.and_then(|p| p.result.as_deref()) {
-        Some(result) => observation.strip_prefix(result).unwrap_or(observation).trim_start(),
+        Some(result) => observation
+            .strip_prefix(result)
+            .unwrap_or(observation)
+            .trim_start(),
         None => observation,
     }
 }
 
 fn first_line(text: &str) -> &str {
-    text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
+    text.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
 }
 
 /// One line per older step: its alert's first line, the action, and the action's result.
 fn summary_line(turn: &Turn, previous: Option<&Turn>) -> String {
-    let result = turn.result.as_deref().map(first_line).unwrap_or("no result");
+    let result = turn
+        .result
+        .as_deref()
+        .map(first_line)
+        .unwrap_or("no result");
     format!(
         "- step {}: {} => {} -> {}\n",
         turn.step,
@@ -188,8 +204,15 @@ fn summary_body(prefix: &str, tail: &str, input: &PromptInput<'_>) -> String {
     let kept = match input.context_budget {
         None => lines.len(),
         Some(budget) => {
-            let fixed = count_tokens(prefix) + count_tokens(&recent) + count_tokens(tail) + count_tokens(header) + 16;
-            newest_that_fit(lines.iter().map(String::as_str), budget.saturating_sub(fixed))
+            let fixed = count_tokens(prefix)
+                + count_tokens(&recent)
+                + count_tokens(tail)
+                + count_tokens(header)
+                + 16;
+            newest_that_fit(
+                lines.iter().map(String::as_str),
+                budget.saturating_sub(fixed),
+            )
         }
     };
     let mut out = String::new();
@@ -197,7 +220,9 @@ fn summary_body(prefix: &str, tail: &str, input: &PromptInput<'_>) -> String {
         out.push_str(header);
         let dropped = lines.len() - kept;
         if dropped > 0 {
-            out.push_str(&format!("({dropped} older steps dropped to fit the context budget)\n"));
+            out.push_str(&format!(
+                "({dropped} older steps dropped to fit the context budget)\n"
+            ));
         }
         for line in &lines[dropped..] {
             out.push_str(line);
@@ -214,7 +239,10 @@ fn window_body(prefix: &str, tail: &str, input: &PromptInput<'_>) -> String {
     let header = "# Recent steps (older steps are not shown)\n";
     let rendered: Vec<String> = input.turns.iter().map(|t| render_turn(t, input)).collect();
     let fixed = count_tokens(prefix) + count_tokens(tail) + count_tokens(header);
-    let kept = newest_that_fit(rendered.iter().map(String::as_str), budget.saturating_sub(fixed));
+    let kept = newest_that_fit(
+        rendered.iter().map(String::as_str),
+        budget.saturating_sub(fixed),
+    );
     let mut out = String::new();
     if kept > 0 {
         out.push_str(header);

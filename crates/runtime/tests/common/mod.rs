@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::json;
-use skillstate_envs::warehouse::{Warehouse, WarehouseConfig, generate_events, reference_answer};
 use skillstate_core::skill::EnvironmentSettings;
 use skillstate_core::{ContextStrategy, Skill};
+use skillstate_envs::warehouse::{Warehouse, WarehouseConfig, generate_events, reference_answer};
 use skillstate_providers::{ModelProvider, ScriptedModel};
-use skillstate_runtime::{TaskOptions, NoProgress, RunOutcome, Runner, start_task};
+use skillstate_runtime::{NoProgress, RunOutcome, Runner, TaskOptions, start_task};
 use skillstate_store::{SqliteStore, Store, Synchronous, TaskRecord};
 
 pub fn warehouse_skill_dir() -> PathBuf {
@@ -31,11 +31,7 @@ pub fn warehouse_skill(seed: u64, events: u32) -> Skill {
 }
 
 pub fn warehouse(seed: u64, events: u32) -> Warehouse {
-    Warehouse::new(WarehouseConfig {
-        seed,
-        events,
-        shelves: 500,
-    })
+    Warehouse::new(WarehouseConfig::new(seed, events))
 }
 
 pub async fn sqlite_store(dir: &Path) -> (Arc<SqliteStore>, PathBuf) {
@@ -51,19 +47,30 @@ pub fn scripted(outputs: Vec<String>) -> Arc<dyn ModelProvider> {
 }
 
 pub fn correct_answers(seed: u64, events: u32) -> Vec<String> {
-    generate_events(&WarehouseConfig {
-        seed,
-        events,
-        shelves: 500,
-    })
-    .iter()
-    .map(reference_answer)
-    .collect()
+    generate_events(&WarehouseConfig::new(seed, events))
+        .iter()
+        .map(reference_answer)
+        .collect()
 }
 
 /// Starts and runs a warehouse task to its end with the `state` strategy.
-pub async fn run_warehouse(store: Arc<dyn Store>, skill: &Skill, seed: u64, events: u32, answers: Vec<String>) -> (TaskRecord, RunOutcome) {
-    run_warehouse_with(store, skill, seed, events, answers, ContextStrategy::State, None).await
+pub async fn run_warehouse(
+    store: Arc<dyn Store>,
+    skill: &Skill,
+    seed: u64,
+    events: u32,
+    answers: Vec<String>,
+) -> (TaskRecord, RunOutcome) {
+    run_warehouse_with(
+        store,
+        skill,
+        seed,
+        events,
+        answers,
+        ContextStrategy::State,
+        None,
+    )
+    .await
 }
 
 pub async fn run_warehouse_with(
@@ -77,9 +84,18 @@ pub async fn run_warehouse_with(
 ) -> (TaskRecord, RunOutcome) {
     let mut env = warehouse(seed, events);
     let model = scripted(answers);
-    let options = TaskOptions { model: model.spec(), context, context_budget };
-    let task = start_task(store.as_ref(), skill, &mut env, &options).await.unwrap();
-    let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress).run(&task.id).await.unwrap();
+    let options = TaskOptions {
+        model: model.spec(),
+        context,
+        context_budget,
+    };
+    let task = start_task(store.as_ref(), skill, &mut env, &options)
+        .await
+        .unwrap();
+    let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
+        .run(&task.id)
+        .await
+        .unwrap();
     (store.task(&task.id).await.unwrap(), outcome)
 }
 

@@ -16,8 +16,12 @@ use skillstate_tools::{
     CallContext, Environment, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
 };
 
+mod events;
+
+pub use events::{Change, Drift, Event, Expected, generate_events};
+
+use crate::noise::{warehouse_lines, with_telemetry};
 use crate::params::Params;
-use crate::rng::SeededRng;
 
 pub const KIND: &str = "warehouse";
 
@@ -27,63 +31,38 @@ pub struct WarehouseConfig {
     /// Number of events, one per step (the horizon T).
     pub events: u32,
     pub shelves: u32,
+    /// Telemetry lines appended to every observation.
+    #[serde(default)]
+    pub noise: u32,
+    #[serde(default)]
+    pub drift: Option<Drift>,
 }
 
 impl WarehouseConfig {
+    pub fn new(seed: u64, events: u32) -> Self {
+        Self {
+            seed,
+            events,
+            shelves: 500,
+            noise: 0,
+            drift: None,
+        }
+    }
+
     pub fn from_params(params: &Map<String, Value>) -> Result<Self, EnvironmentError> {
         let mut p = Params::new(KIND, params);
+        let drift_names: Vec<&str> = std::iter::once("none")
+            .chain(Drift::ALL.iter().map(|d| d.as_str()))
+            .collect();
         let config = Self {
             seed: p.u64("seed", 0, 0, u64::MAX)?,
             events: p.u64("events", 10, 1, 100_000)? as u32,
             shelves: p.u64("shelves", 500, 2, 100_000)? as u32,
+            noise: p.u64("noise", 0, 0, 1000)? as u32,
+            drift: Drift::parse(&p.string("drift", "none", &drift_names)?),
         };
         p.finish()?;
         Ok(config)
-    }
-}
-
-/// One thing that happens in the warehouse, with the action a correct agent takes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Event {
-    Receive {
-        item: String,
-        shelf: String,
-    },
-    Order {
-        item: String,
-        shelf: String,
-    },
-    Maintenance {
-        item: String,
-        shelf: String,
-        to: String,
-    },
-}
-
-impl Event {
-    /// What the agent is told. Orders and maintenance deliberately omit what the agent must
-    /// remember (where the item is; which item is on the shelf).
-    pub fn alert(&self) -> String {
-        match self {
-            Event::Receive { item, shelf } => {
-                format!("Shipment arrived containing {item}. Store it on {shelf}.")
-            }
-            Event::Order { item, .. } => format!("Customer ordered {item}."),
-            Event::Maintenance { shelf, to, .. } => {
-                format!("Maintenance required on {shelf}. Move its item to {to}.")
-            }
-        }
-    }
-
-    /// The ground-truth action as `(tool, args)`.
-    pub fn expected_action(&self) -> (&'static str, Value) {
-        match self {
-            Event::Receive { item, shelf } => ("store", json!({"item": item, "shelf": shelf})),
-            Event::Order { item, shelf } => ("ship", json!({"item": item, "shelf": shelf})),
-            Event::Maintenance { item, shelf, to } => {
-                ("move", json!({"item": item, "from": shelf, "to": to}))
-            }
-        }
     }
 }
 
@@ -92,86 +71,37 @@ impl Event {
 /// from it.
 pub fn reference_answer(event: &Event) -> String {
     let (tool, args) = event.expected_action();
-    let patch = match event {
-        Event::Receive { item, shelf } => json!({"inventory": {shelf: item}}),
-        Event::Order { shelf, .. } => json!({"inventory": {shelf: Value::Null}}),
-        Event::Maintenance { item, shelf, to } => {
-            json!({"inventory": {shelf: Value::Null, to: item}})
+    let mut patch = Map::new();
+    match &event.expected {
+        Expected::Store { item, shelf } => {
+            patch.insert(shelf.clone(), json!(item));
         }
-    };
-    json!({"reasoning": "following the procedure", "state_patch": patch, "action": {"tool": tool, "args": args}}).to_string()
-}
-
-/// Generates the event sequence for a configuration (BENCHMARK.md "Event generation").
-pub fn generate_events(config: &WarehouseConfig) -> Vec<Event> {
-    let mut rng = SeededRng::new(config.seed);
-    let mut truth: BTreeMap<u32, String> = BTreeMap::new();
-    let mut used_items: BTreeSet<u64> = BTreeSet::new();
-    let mut events = Vec::with_capacity(config.events as usize);
-    for _ in 0..config.events {
-        let full = truth.len() as u32 >= config.shelves - 1;
-        let choice = if truth.is_empty() {
-            0
-        } else if full {
-            1 + rng.below(2)
-        } else {
-            rng.below(3)
-        };
-        let event = match choice {
-            0 => {
-                let item = loop {
-                    let n = rng.below(10_000);
-                    if used_items.insert(n) {
-                        break format!("item_{n}");
-                    }
-                };
-                let shelf = random_empty_shelf(&mut rng, &truth, config.shelves);
-                truth.insert(shelf, item.clone());
-                Event::Receive {
-                    item,
-                    shelf: shelf_name(shelf),
-                }
-            }
-            1 => {
-                let (&shelf, item) = nth_entry(&truth, rng.index(truth.len()));
-                let item = item.clone();
-                truth.remove(&shelf);
-                Event::Order {
-                    item,
-                    shelf: shelf_name(shelf),
-                }
-            }
-            _ => {
-                let (&shelf, item) = nth_entry(&truth, rng.index(truth.len()));
-                let item = item.clone();
-                let to = random_empty_shelf(&mut rng, &truth, config.shelves);
-                truth.remove(&shelf);
-                truth.insert(to, item.clone());
-                Event::Maintenance {
-                    item,
-                    shelf: shelf_name(shelf),
-                    to: shelf_name(to),
-                }
-            }
-        };
-        events.push(event);
-    }
-    events
-}
-
-fn nth_entry(map: &BTreeMap<u32, String>, n: usize) -> (&u32, &String) {
-    map.iter()
-        .nth(n)
-        .unwrap_or_else(|| unreachable!("index drawn below the map's length"))
-}
-
-fn random_empty_shelf(rng: &mut SeededRng, taken: &BTreeMap<u32, String>, shelves: u32) -> u32 {
-    loop {
-        let shelf = rng.below(u64::from(shelves)) as u32;
-        if !taken.contains_key(&shelf) {
-            return shelf;
+        Expected::Ship { shelf, .. } => {
+            patch.insert(shelf.clone(), Value::Null);
         }
+        Expected::Move { item, from, to } => {
+            patch.insert(from.clone(), Value::Null);
+            patch.insert(to.clone(), json!(item));
+        }
+        Expected::Wait => {}
     }
+    match &event.reveals {
+        Some(Change::Moved { item, from, to }) => {
+            patch.insert(from.clone(), Value::Null);
+            patch.insert(to.clone(), json!(item));
+        }
+        Some(Change::Removed { shelf, .. }) => {
+            patch.insert(shelf.clone(), Value::Null);
+        }
+        Some(Change::Relabelled {
+            new_item, shelf, ..
+        }) => {
+            patch.insert(shelf.clone(), json!(new_item));
+        }
+        None => {}
+    }
+    json!({"reasoning": "following the procedure", "state_patch": {"inventory": patch}, "action": {"tool": tool, "args": args}})
+        .to_string()
 }
 
 pub fn shelf_name(index: u32) -> String {
@@ -197,6 +127,14 @@ struct World {
     cursor: usize,
     /// Steps whose action succeeded and matched the ground truth.
     hits: u32,
+    /// Drift-dependent events seen, and how many of them were handled wrongly.
+    #[serde(default)]
+    dependent_seen: u32,
+    #[serde(default)]
+    dependent_misses: u32,
+    /// Whether the last drift-dependent event was handled correctly.
+    #[serde(default)]
+    last_dependent_hit: bool,
     /// The action taken since the last event, and whether it succeeded.
     last_action: Option<(String, Value, bool)>,
     #[serde(skip)]
@@ -212,15 +150,65 @@ impl World {
             dock: BTreeSet::new(),
             cursor: 0,
             hits: 0,
+            dependent_seen: 0,
+            dependent_misses: 0,
+            last_dependent_hit: false,
             last_action: None,
             events,
         }
     }
 
+    /// The current event reaches the world: its hidden change happens, its shipment arrives.
     fn arrive(&mut self) {
-        if let Some(Event::Receive { item, .. }) = self.events.get(self.cursor) {
+        let Some(event) = self.events.get(self.cursor).cloned() else {
+            return;
+        };
+        if let Some(change) = &event.hidden_change {
+            self.apply_hidden(change);
+        }
+        if let Expected::Store { item, .. } = &event.expected {
             self.dock.insert(item.clone());
         }
+    }
+
+    /// Someone else changes the world. Works from where the item really is, which may differ
+    /// from the ground truth if the agent went wrong earlier.
+    fn apply_hidden(&mut self, change: &Change) {
+        let location = |world: &World, item: &str| {
+            world
+                .shelves
+                .iter()
+                .find(|(_, i)| i.as_str() == item)
+                .map(|(s, _)| *s)
+        };
+        match change {
+            Change::Moved { item, to, .. } => {
+                if let (Some(from), Some(to)) =
+                    (location(self, item), parse_shelf(to, self.config.shelves))
+                    && !self.shelves.contains_key(&to)
+                {
+                    self.shelves.remove(&from);
+                    self.shelves.insert(to, item.clone());
+                }
+            }
+            Change::Removed { item, .. } => {
+                if let Some(from) = location(self, item) {
+                    self.shelves.remove(&from);
+                }
+            }
+            Change::Relabelled { item, new_item, .. } => {
+                if let Some(at) = location(self, item) {
+                    self.shelves.insert(at, new_item.clone());
+                }
+            }
+        }
+    }
+
+    fn telemetry(&self, text: String, index: usize) -> String {
+        with_telemetry(
+            text,
+            warehouse_lines(self.config.seed, index, self.config.noise),
+        )
     }
 
     fn shelf(&self, name: &str) -> Result<u32, String> {
@@ -427,21 +415,30 @@ impl Environment for Warehouse {
     fn opening_observation(&mut self) -> String {
         let mut world = lock(&self.world);
         world.arrive();
-        world.events.first().map(Event::alert).unwrap_or_default()
+        let alert = world
+            .events
+            .first()
+            .map(|e| e.alert.clone())
+            .unwrap_or_default();
+        world.telemetry(alert, 0)
     }
 
     fn after_action(&mut self) -> Option<String> {
         let mut world = lock(&self.world);
         let event = world.events.get(world.cursor).cloned()?;
-        if let Some((tool, args, ok)) = world.last_action.take() {
-            let (expected_tool, expected_args) = event.expected_action();
-            if ok && tool == expected_tool && args == expected_args {
-                world.hits += 1;
-            }
+        let (expected_tool, expected_args) = event.expected_action();
+        let hit = matches!(world.last_action.take(), Some((tool, args, true)) if tool == expected_tool && args == expected_args);
+        world.hits += u32::from(hit);
+        if event.drift_dependent {
+            world.dependent_seen += 1;
+            world.dependent_misses += u32::from(!hit);
+            world.last_dependent_hit = hit;
         }
         world.cursor += 1;
         world.arrive();
-        world.events.get(world.cursor).map(Event::alert)
+        let index = world.cursor;
+        let alert = world.events.get(index).map(|e| e.alert.clone())?;
+        Some(world.telemetry(alert, index))
     }
 
     fn episode_over(&self) -> bool {
@@ -452,12 +449,21 @@ impl Environment for Warehouse {
     fn outcome(&self) -> Value {
         let world = lock(&self.world);
         let events = world.events.len().max(1) as f64;
-        json!({
+        let mut outcome = json!({
             "score": f64::from(world.hits) / events,
             "correct_actions": world.hits,
             "actionable_events": world.events.len(),
             "events_handled": world.cursor.min(world.events.len()),
-        })
+        });
+        if let Some(drift) = world.config.drift {
+            outcome["drift"] = json!({
+                "scenario": drift.as_str(),
+                "dependent_events": world.dependent_seen,
+                "recovery_steps": world.dependent_misses,
+                "recovered": world.last_dependent_hit,
+            });
+        }
+        outcome
     }
 
     fn checkpoint(&self) -> Value {
@@ -481,10 +487,46 @@ mod tests {
     use super::*;
 
     fn config(seed: u64, events: u32) -> WarehouseConfig {
-        WarehouseConfig {
-            seed,
-            events,
-            shelves: 500,
+        WarehouseConfig::new(seed, events)
+    }
+
+    /// Replays the ground truth; every expected action must be possible.
+    fn replay(events: &[Event]) {
+        let mut truth: BTreeMap<String, String> = BTreeMap::new();
+        for event in events {
+            match &event.hidden_change {
+                Some(Change::Moved { item, from, to }) => {
+                    assert_eq!(truth.remove(from).as_ref(), Some(item));
+                    assert!(truth.insert(to.clone(), item.clone()).is_none());
+                }
+                Some(Change::Removed { item, shelf }) => {
+                    assert_eq!(truth.remove(shelf).as_ref(), Some(item))
+                }
+                Some(Change::Relabelled {
+                    item,
+                    new_item,
+                    shelf,
+                }) => {
+                    assert_eq!(
+                        truth.insert(shelf.clone(), new_item.clone()).as_ref(),
+                        Some(item)
+                    )
+                }
+                None => {}
+            }
+            match &event.expected {
+                Expected::Store { item, shelf } => {
+                    assert!(truth.insert(shelf.clone(), item.clone()).is_none())
+                }
+                Expected::Ship { item, shelf } => {
+                    assert_eq!(truth.remove(shelf).as_ref(), Some(item), "{}", event.alert)
+                }
+                Expected::Move { item, from, to } => {
+                    assert_eq!(truth.remove(from).as_ref(), Some(item), "{}", event.alert);
+                    assert!(truth.insert(to.clone(), item.clone()).is_none());
+                }
+                Expected::Wait => {}
+            }
         }
     }
 
@@ -493,34 +535,116 @@ mod tests {
         let a = generate_events(&config(3, 200));
         assert_eq!(a, generate_events(&config(3, 200)));
         assert_ne!(a, generate_events(&config(4, 200)));
-        // Replaying the ground truth never hits an impossible action.
-        let mut truth: BTreeMap<String, String> = BTreeMap::new();
-        for event in &a {
-            match event {
-                Event::Receive { item, shelf } => {
-                    assert!(truth.insert(shelf.clone(), item.clone()).is_none())
-                }
-                Event::Order { item, shelf } => {
-                    assert_eq!(truth.remove(shelf).as_ref(), Some(item))
-                }
-                Event::Maintenance { item, shelf, to } => {
-                    assert_eq!(truth.remove(shelf).as_ref(), Some(item));
-                    assert!(truth.insert(to.clone(), item.clone()).is_none());
-                }
+        replay(&a);
+        let kinds: BTreeSet<&str> = a.iter().map(|e| e.expected_action().0).collect();
+        assert_eq!(kinds, BTreeSet::from(["move", "ship", "store"]));
+    }
+
+    #[test]
+    fn drift_scenarios_hide_a_change_then_reveal_and_probe_it() {
+        for drift in Drift::ALL {
+            for seed in 0..20 {
+                let mut c = config(seed, 50);
+                c.drift = Some(drift);
+                let events = generate_events(&c);
+                assert_eq!(events.len(), 50);
+                replay(&events);
+                let dependent = events.iter().filter(|e| e.drift_dependent).count();
+                assert!(
+                    dependent >= 2,
+                    "{drift:?} seed {seed}: {dependent} dependent events"
+                );
+                let hidden = events.iter().filter(|e| e.hidden_change.is_some()).count();
+                assert_eq!(
+                    hidden,
+                    usize::from(drift != Drift::CanceledOrder),
+                    "{drift:?}"
+                );
             }
         }
-        let kinds: BTreeSet<&str> = a.iter().map(|e| e.expected_action().0).collect();
-        assert_eq!(kinds.len(), 3);
+    }
+
+    async fn play(config: WarehouseConfig, answer: impl Fn(&Event) -> (String, Value)) -> Value {
+        let events = generate_events(&config);
+        let mut env = Warehouse::new(config);
+        let tools = env.tools();
+        let ctx = CallContext::new("t", 1);
+        let mut observation = env.opening_observation();
+        for (index, event) in events.iter().enumerate() {
+            assert!(
+                observation.contains(&event.alert),
+                "step {index}: {observation}"
+            );
+            let (tool, args) = answer(event);
+            skillstate_tools::find_tool(&tools, &tool)
+                .unwrap()
+                .call(&args, &ctx)
+                .await
+                .unwrap();
+            match env.after_action() {
+                Some(next) => observation = next,
+                None => assert_eq!(index + 1, events.len()),
+            }
+        }
+        assert!(env.episode_over());
+        env.outcome()
     }
 
     #[tokio::test]
-    async fn correct_agent_scores_one_and_mistakes_change_nothing() {
-        let mut env = Warehouse::new(config(11, 30));
-        let events = env.events();
+    async fn the_ground_truth_scores_one_even_with_drift_and_noise() {
+        for drift in [
+            None,
+            Some(Drift::SecretMove),
+            Some(Drift::SecretBarcode),
+            Some(Drift::CanceledOrder),
+            Some(Drift::SecretAudit),
+        ] {
+            let mut c = config(11, 40);
+            c.drift = drift;
+            c.noise = 5;
+            let outcome = play(c, |e| {
+                let (tool, args) = e.expected_action();
+                (tool.to_owned(), args)
+            })
+            .await;
+            assert_eq!(outcome["score"], 1.0, "{drift:?}: {outcome}");
+            if drift.is_some() {
+                assert_eq!(outcome["drift"]["recovery_steps"], 0, "{outcome}");
+                assert_eq!(outcome["drift"]["recovered"], true);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn stale_knowledge_shows_up_as_recovery_steps() {
+        let mut c = config(5, 50);
+        c.drift = Some(Drift::SecretMove);
+        // An agent that ignores the audit keeps using the old shelf and never waits on it.
+        let outcome = play(c, |e| {
+            let (tool, args) = e.expected_action();
+            if e.reveals.is_some() {
+                (
+                    "ship".to_owned(),
+                    json!({"item": "item_0", "shelf": "shelf_0"}),
+                )
+            } else {
+                (tool.to_owned(), args)
+            }
+        })
+        .await;
+        assert!(
+            outcome["drift"]["recovery_steps"].as_u64().unwrap() >= 1,
+            "{outcome}"
+        );
+    }
+
+    #[tokio::test]
+    async fn mistakes_change_nothing_and_score_nothing() {
+        let mut env = Warehouse::new(config(11, 3));
+        env.opening_observation();
+        let before = lock(&env.world).shelves.clone();
         let tools = env.tools();
         let ctx = CallContext::new("t", 1);
-        assert_eq!(env.opening_observation(), events[0].alert());
-        let before = lock(&env.world).shelves.clone();
         let store = skillstate_tools::find_tool(&tools, "store").unwrap();
         let bad = store
             .call(&json!({"item": "item_99999", "shelf": "shelf_1"}), &ctx)
@@ -532,39 +656,41 @@ mod tests {
             bad.text
         );
         assert_eq!(lock(&env.world).shelves, before);
-        for (index, event) in events.iter().enumerate() {
+        env.after_action();
+        assert_eq!(env.outcome()["correct_actions"], 0);
+    }
+
+    #[tokio::test]
+    async fn checkpoints_restore_the_same_world() {
+        let mut env = Warehouse::new(config(11, 30));
+        env.opening_observation();
+        let events = env.events();
+        let tools = env.tools();
+        for event in &events[..10] {
             let (tool, args) = event.expected_action();
-            let out = skillstate_tools::find_tool(&tools, tool)
+            skillstate_tools::find_tool(&tools, tool)
                 .unwrap()
-                .call(&args, &ctx)
+                .call(&args, &CallContext::new("t", 1))
                 .await
                 .unwrap();
-            assert!(out.ok, "{} -> {}", event.alert(), out.text);
-            let next = env.after_action();
-            assert_eq!(next, events.get(index + 1).map(Event::alert));
+            env.after_action();
         }
-        assert!(env.episode_over());
-        let outcome = env.outcome();
-        assert_eq!(outcome["score"], 1.0);
         let checkpoint = env.checkpoint();
         let mut copy = Warehouse::new(config(0, 1));
         copy.restore(&checkpoint).unwrap();
         assert_eq!(copy.checkpoint(), checkpoint);
-        assert_eq!(copy.outcome(), outcome);
+        assert_eq!(copy.outcome(), env.outcome());
+        assert_eq!(copy.events(), events);
     }
 
-    #[tokio::test]
-    async fn only_the_ground_truth_action_scores() {
-        let mut env = Warehouse::new(config(11, 3));
-        env.opening_observation();
-        let tools = env.tools();
-        let wait = skillstate_tools::find_tool(&tools, "wait").unwrap();
-        let out = wait
-            .call(&json!({}), &CallContext::new("t", 1))
-            .await
-            .unwrap();
-        assert!(out.ok);
-        env.after_action();
-        assert_eq!(env.outcome()["correct_actions"], 0);
+    #[test]
+    fn telemetry_follows_the_alert() {
+        let mut c = config(2, 5);
+        c.noise = 3;
+        let mut env = Warehouse::new(c);
+        let first = env.opening_observation();
+        let lines: Vec<&str> = first.lines().collect();
+        assert_eq!(lines.len(), 5, "{first}");
+        assert_eq!(lines[1], crate::noise::HEADER);
     }
 }
