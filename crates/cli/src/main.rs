@@ -31,6 +31,8 @@ enum Command {
     },
     /// Start a task for a skill and run it to the end.
     Run(commands::run::RunArgs),
+    /// Compare context strategies on a skill's environment (offline with the oracle model).
+    Bench(commands::bench::BenchArgs),
     /// List the tasks in the database.
     Tasks,
     /// Show a task: its state and one row per step, or the state/prompt of one step.
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
             Command::Validate { skill } => commands::validate::run(&skill),
             Command::Run(args) => commands::run::run(&cli.db, args).await,
             Command::Tasks => commands::tasks::run(&cli.db).await,
+            Command::Bench(args) => tokio::task::block_in_place(|| commands::bench::run(args)),
             Command::Show(args) => commands::show::run(&cli.db, args).await,
         }
     });

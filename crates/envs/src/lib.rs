@@ -2,6 +2,7 @@
 //! a skill's environment from its `[environment]` settings.
 
 pub mod noise;
+pub mod oracle;
 mod params;
 pub mod rng;
 pub mod warehouse;
@@ -11,6 +12,14 @@ use skillstate_tools::{Environment, EnvironmentError};
 
 /// Names of the built-in environments.
 pub const ENVIRONMENTS: &[&str] = &[warehouse::KIND];
+
+/// The drift scenarios an environment offers, by name.
+pub fn drift_scenarios(kind: &str) -> Vec<&'static str> {
+    match kind {
+        warehouse::KIND => warehouse::Drift::ALL.iter().map(|d| d.as_str()).collect(),
+        _ => Vec::new(),
+    }
+}
 
 /// Builds the built-in environment a skill asks for.
 pub fn build_environment(

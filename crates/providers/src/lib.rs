@@ -39,7 +39,7 @@ pub struct ModelResponse {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
-    #[error("model spec `{0}` is not understood; use scripted:<file.jsonl>")]
+    #[error("model spec `{0}` is not understood; use scripted:<file.jsonl> or oracle")]
     UnknownSpec(String),
     #[error("{path}: {message}")]
     Script { path: String, message: String },

@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod run;
 pub mod show;
 pub mod tasks;

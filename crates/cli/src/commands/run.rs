@@ -15,7 +15,7 @@ use crate::render::outcome_line;
 pub struct RunArgs {
     /// The skill directory (holds SKILL.md).
     skill: PathBuf,
-    /// The model: scripted:<file.jsonl>.
+    /// The model: scripted:<file.jsonl>, or `oracle` (the bench policy) for built-in environments.
     #[arg(long, env = "SKILLSTATE_MODEL")]
     model: String,
     /// What each prompt keeps besides the procedure and tools.
@@ -83,9 +83,15 @@ impl RunObserver for StepPrinter {
 
 pub async fn run(db: &str, args: RunArgs) -> Result<ExitCode> {
     let skill = load_skill(&args.skill)?;
-    let model: Arc<dyn skillstate_providers::ModelProvider> =
-        Arc::from(skillstate_providers::from_spec(&args.model).context("--model")?);
     let mut env = environment_for(&skill, args.input.as_deref())?;
+    let model: Arc<dyn skillstate_providers::ModelProvider> = if args.model == "oracle" {
+        Arc::new(
+            skillstate_envs::oracle::OracleModel::for_environment(env.kind())
+                .context("--model oracle")?,
+        )
+    } else {
+        Arc::from(skillstate_providers::from_spec(&args.model).context("--model")?)
+    };
     let store = skillstate_store::open(db).await?;
     let options = TaskOptions {
         model: model.spec(),

@@ -1,0 +1,150 @@
+//! One bench run: a task of the skill in a freshly generated environment, run to its end on an
+//! in-memory SQLite store through the real runtime, and measured from its journal.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use skillstate_core::{ContextStrategy, Skill, count_tokens};
+use skillstate_envs::oracle::OracleModel;
+use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
+use skillstate_store::{SqliteStore, Store, Synchronous, Verdict};
+
+use crate::BenchError;
+
+/// What one run is: every strategy sees the same environment for the same
+/// (horizon, seed, noise, drift).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub horizon: u32,
+    pub noise: u32,
+    pub drift: Option<String>,
+    pub seed: u64,
+    pub strategy: ContextStrategy,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    #[serde(flatten)]
+    pub spec: RunSpec,
+    pub status: String,
+    pub score: f64,
+    pub steps: u64,
+    /// Prompt tokens of the accepted answer's prompt, per step.
+    pub prompt_tokens_per_step: Vec<u64>,
+    pub prompt_mean: f64,
+    pub prompt_max: u64,
+    pub prompt_last: u64,
+    /// Over every model call, rejected ones included.
+    pub total_prompt_tokens: u64,
+    pub total_completion_tokens: u64,
+    pub total_tokens: u64,
+    pub rejected_answers: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery_steps: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<bool>,
+    pub wall_ms: u64,
+}
+
+/// The shared inputs of every run of one bench.
+pub struct JobContext {
+    pub skill: Skill,
+    pub model: String,
+    pub budget: Option<usize>,
+}
+
+pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, BenchError> {
+    let started = Instant::now();
+    let mut definition = ctx.skill.definition.clone();
+    let settings = definition.settings.environment.as_mut().ok_or_else(|| {
+        BenchError::Setup(format!(
+            "skill `{}` has no [environment] to bench",
+            definition.name
+        ))
+    })?;
+    settings.params.insert("seed".into(), json!(spec.seed));
+    settings.params.insert("events".into(), json!(spec.horizon));
+    if spec.noise > 0 {
+        settings.params.insert("noise".into(), json!(spec.noise));
+    }
+    if let Some(drift) = &spec.drift {
+        settings.params.insert("drift".into(), json!(drift));
+    }
+    let env_settings = settings.clone();
+    definition.settings.run.max_steps = definition.settings.run.max_steps.max(spec.horizon + 10);
+    let skill = Skill::from_definition(definition).map_err(BenchError::Setup)?;
+    let mut env = skillstate_envs::build_environment(&env_settings)
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let model: Arc<dyn skillstate_providers::ModelProvider> = if ctx.model == "oracle" {
+        Arc::new(
+            OracleModel::for_environment(env.kind())
+                .map_err(|e| BenchError::Setup(e.to_string()))?,
+        )
+    } else {
+        Arc::from(
+            skillstate_providers::from_spec(&ctx.model)
+                .map_err(|e| BenchError::Setup(e.to_string()))?,
+        )
+    };
+    let store = Arc::new(
+        SqliteStore::open("sqlite::memory:", Synchronous::Normal)
+            .await
+            .map_err(BenchError::Store)?,
+    );
+    let options = TaskOptions {
+        model: model.spec(),
+        context: spec.strategy,
+        context_budget: ctx.budget,
+    };
+    let task = start_task(store.as_ref(), &skill, env.as_mut(), &options)
+        .await
+        .map_err(BenchError::Runtime)?;
+    let outcome = Runner::new(store.clone(), model, env.as_mut(), &mut NoProgress)
+        .run(&task.id)
+        .await
+        .map_err(BenchError::Runtime)?;
+    let journal = store.journal(&task.id).await.map_err(BenchError::Store)?;
+
+    let per_step: Vec<u64> = journal
+        .iter()
+        .filter(|e| e.verdict == Verdict::Accepted)
+        .map(|e| e.prompt_tokens)
+        .collect();
+    let total_prompt: u64 = journal.iter().map(|e| e.prompt_tokens).sum();
+    let total_completion: u64 = journal.iter().map(|e| count_tokens(&e.output) as u64).sum();
+    let environment = outcome
+        .outcome
+        .as_ref()
+        .map(|o| o["environment"].clone())
+        .unwrap_or(Value::Null);
+    let drift = environment.get("drift");
+    Ok(RunResult {
+        spec: spec.clone(),
+        status: outcome.status.as_str().to_owned(),
+        score: environment
+            .get("score")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0),
+        steps: outcome.steps,
+        prompt_mean: if per_step.is_empty() {
+            0.0
+        } else {
+            per_step.iter().sum::<u64>() as f64 / per_step.len() as f64
+        },
+        prompt_max: per_step.iter().copied().max().unwrap_or(0),
+        prompt_last: per_step.last().copied().unwrap_or(0),
+        prompt_tokens_per_step: per_step,
+        total_prompt_tokens: total_prompt,
+        total_completion_tokens: total_completion,
+        total_tokens: total_prompt + total_completion,
+        rejected_answers: journal
+            .iter()
+            .filter(|e| e.verdict == Verdict::Rejected)
+            .count() as u64,
+        recovery_steps: drift.and_then(|d| d["recovery_steps"].as_u64()),
+        recovered: drift.and_then(|d| d["recovered"].as_bool()),
+        wall_ms: started.elapsed().as_millis() as u64,
+    })
+}

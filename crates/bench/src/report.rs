@@ -1,0 +1,405 @@
+//! Aggregation over seeds, scaling fits, and the terminal / Markdown tables.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use skillstate_core::ContextStrategy;
+
+use crate::BenchConfig;
+use crate::job::RunResult;
+use crate::stats::{LinearFit, MeanSd, linear_fit, mean_sd};
+
+/// The runs of one strategy at one (horizon, noise, drift), aggregated over seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub horizon: u32,
+    pub noise: u32,
+    pub drift: Option<String>,
+    pub strategy: ContextStrategy,
+    pub seeds: usize,
+    pub score: MeanSd,
+    pub prompt_mean: MeanSd,
+    pub prompt_max: MeanSd,
+    pub total_tokens: MeanSd,
+    pub rejected_answers: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery_steps: Option<MeanSd>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovered_runs: Option<usize>,
+    pub wall_ms_mean: f64,
+}
+
+/// How a strategy's cost grows with the horizon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scaling {
+    pub strategy: ContextStrategy,
+    pub horizon: u32,
+    /// Linear fit of the seed-averaged prompt tokens against the step number.
+    pub prompt_per_step: LinearFit,
+    /// `slope · (T − 1) / intercept`: how much the prompt grows over the run, relative to its start.
+    pub prompt_growth: f64,
+    /// Slope of log(total tokens) against log(T) across horizons: ≈1 linear, ≈2 quadratic.
+    pub total_tokens_exponent: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    pub config: BenchConfig,
+    pub groups: Vec<Group>,
+    pub scaling: Vec<Scaling>,
+    pub runs: Vec<RunResult>,
+}
+
+type GroupKey = (u32, u32, Option<String>, ContextStrategy);
+
+impl BenchReport {
+    pub fn new(config: BenchConfig, mut runs: Vec<RunResult>) -> Self {
+        runs.sort_by(|a, b| a.spec.cmp(&b.spec));
+        let mut grouped: BTreeMap<GroupKey, Vec<&RunResult>> = BTreeMap::new();
+        for run in &runs {
+            let s = &run.spec;
+            grouped
+                .entry((s.horizon, s.noise, s.drift.clone(), s.strategy))
+                .or_default()
+                .push(run);
+        }
+        let groups: Vec<Group> = grouped
+            .into_iter()
+            .map(|((horizon, noise, drift, strategy), runs)| {
+                let values =
+                    |f: &dyn Fn(&RunResult) -> f64| runs.iter().map(|r| f(r)).collect::<Vec<f64>>();
+                let has_drift = drift.is_some();
+                Group {
+                    horizon,
+                    noise,
+                    drift,
+                    strategy,
+                    seeds: runs.len(),
+                    score: mean_sd(&values(&|r| r.score)),
+                    prompt_mean: mean_sd(&values(&|r| r.prompt_mean)),
+                    prompt_max: mean_sd(&values(&|r| r.prompt_max as f64)),
+                    total_tokens: mean_sd(&values(&|r| r.total_tokens as f64)),
+                    rejected_answers: runs.iter().map(|r| r.rejected_answers).sum(),
+                    recovery_steps: has_drift
+                        .then(|| mean_sd(&values(&|r| r.recovery_steps.unwrap_or(0) as f64))),
+                    recovered_runs: has_drift
+                        .then(|| runs.iter().filter(|r| r.recovered == Some(true)).count()),
+                    wall_ms_mean: mean_sd(&values(&|r| r.wall_ms as f64)).mean,
+                }
+            })
+            .collect();
+        let scaling = scaling(&config, &runs, &groups);
+        Self {
+            config,
+            groups,
+            scaling,
+            runs,
+        }
+    }
+
+    /// The (noise, drift) conditions present, in order.
+    fn conditions(&self) -> Vec<(u32, Option<String>)> {
+        let mut seen: Vec<(u32, Option<String>)> = Vec::new();
+        for g in &self.groups {
+            let key = (g.noise, g.drift.clone());
+            if !seen.contains(&key) {
+                seen.push(key);
+            }
+        }
+        seen.sort();
+        seen
+    }
+
+    fn group(
+        &self,
+        horizon: u32,
+        noise: u32,
+        drift: &Option<String>,
+        strategy: ContextStrategy,
+    ) -> Option<&Group> {
+        self.groups.iter().find(|g| {
+            g.horizon == horizon && g.noise == noise && &g.drift == drift && g.strategy == strategy
+        })
+    }
+
+    fn title(&self) -> String {
+        format!(
+            "{}: score / avg prompt tokens / total tokens per run, mean ± SD over {} seed(s), model {}{}",
+            self.config.environment,
+            self.config.seeds.len(),
+            self.config.model,
+            self.config
+                .budget
+                .map(|b| format!(", context budget {b}"))
+                .unwrap_or_default()
+        )
+    }
+
+    /// Rows of the comparison table: label cells, then one cell per strategy.
+    fn rows(&self) -> (Vec<String>, Vec<Vec<String>>) {
+        let conditions = self.conditions();
+        let show_noise = conditions.iter().any(|(n, _)| *n > 0);
+        let show_drift = conditions.iter().any(|(_, d)| d.is_some());
+        let mut header = vec!["T".to_owned()];
+        if show_noise {
+            header.push("noise".into());
+        }
+        if show_drift {
+            header.push("drift".into());
+        }
+        header.extend(self.config.strategies.iter().map(|s| s.as_str().to_owned()));
+        let mut rows = Vec::new();
+        for (noise, drift) in &conditions {
+            for &horizon in &self.config.horizons {
+                let mut row = vec![horizon.to_string()];
+                if show_noise {
+                    row.push(noise.to_string());
+                }
+                if show_drift {
+                    row.push(drift.clone().unwrap_or_else(|| "-".into()));
+                }
+                for &strategy in &self.config.strategies {
+                    row.push(match self.group(horizon, *noise, drift, strategy) {
+                        Some(g) => cell(g),
+                        None => "-".into(),
+                    });
+                }
+                rows.push(row);
+            }
+        }
+        (header, rows)
+    }
+
+    /// The Table 1-shaped comparison for a terminal.
+    pub fn table(&self) -> String {
+        let (header, rows) = self.rows();
+        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+        for row in &rows {
+            for (i, c) in row.iter().enumerate() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c:<width$}", width = widths[i]))
+                .collect::<Vec<_>>()
+                .join(" | ")
+                .trim_end()
+                .to_owned()
+        };
+        let mut out = format!("{}\n", self.title());
+        out.push_str(&line(&header));
+        out.push('\n');
+        out.push_str(
+            &widths
+                .iter()
+                .map(|w| "-".repeat(*w))
+                .collect::<Vec<_>>()
+                .join("-+-"),
+        );
+        out.push('\n');
+        for row in &rows {
+            out.push_str(&line(row));
+            out.push('\n');
+        }
+        if !self.scaling.is_empty() {
+            out.push_str(&self.scaling_text(false));
+        }
+        out
+    }
+
+    fn scaling_text(&self, markdown: bool) -> String {
+        let mut out = String::new();
+        let Some(first) = self.scaling.first() else {
+            return out;
+        };
+        out.push_str(&format!(
+            "\n{}Scaling at T={} (linear fit of prompt tokens per step; exponent of total tokens in T):\n",
+            if markdown { "### " } else { "" },
+            first.horizon
+        ));
+        if markdown {
+            out.push_str("\n| strategy | intercept | slope/step | R² | growth over run | total-token exponent |\n|---|---|---|---|---|---|\n");
+        }
+        for s in &self.scaling {
+            let exponent = s
+                .total_tokens_exponent
+                .map(|e| format!("{e:.2}"))
+                .unwrap_or_else(|| "-".into());
+            let fit = &s.prompt_per_step;
+            if markdown {
+                out.push_str(&format!(
+                    "| {} | {:.0} | {:.2} | {:.3} | {:.1}% | {exponent} |\n",
+                    s.strategy.as_str(),
+                    fit.intercept,
+                    fit.slope,
+                    fit.r_squared,
+                    s.prompt_growth * 100.0
+                ));
+            } else {
+                out.push_str(&format!(
+                    "  {:<9} intercept {:>7.0}  slope {:>7.2}/step  R² {:.3}  growth {:>6.1}%  total-token exponent {exponent}\n",
+                    s.strategy.as_str(),
+                    fit.intercept,
+                    fit.slope,
+                    fit.r_squared,
+                    s.prompt_growth * 100.0
+                ));
+            }
+        }
+        out
+    }
+
+    pub fn markdown(&self) -> String {
+        let (header, rows) = self.rows();
+        let mut out = format!(
+            "# skillbench report: {}\n\n{}.\n\n",
+            self.config.environment,
+            self.title()
+        );
+        out.push_str(&format!("| {} |\n", header.join(" | ")));
+        out.push_str(&format!("|{}\n", "---|".repeat(header.len())));
+        for row in rows {
+            out.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+        out.push_str(&self.scaling_text(true));
+        out.push_str(&format!(
+            "\nRuns: {} ({} horizon(s) × {} noise level(s) × {} drift condition(s) × {} seed(s) × {} strategies). \
+             Tokens are o200k_base tokens counted locally for every strategy. ",
+            self.runs.len(),
+            self.config.horizons.len(),
+            self.config.noise.len(),
+            self.config.drifts.len().max(1),
+            self.config.seeds.len(),
+            self.config.strategies.len()
+        ));
+        if self.config.model == "oracle" {
+            out.push_str(
+                "The model is the oracle policy: it reads only the rendered prompt and acts optimally on it, so scores \
+                 measure how much task-relevant information each strategy keeps in front of the model, an upper bound \
+                 that real models can only approach.\n",
+            );
+        } else {
+            out.push('\n');
+        }
+        out.push_str("\nPrompt tokens per step: `prompt_tokens.svg`. Every run: `results.json`.\n");
+        out
+    }
+}
+
+fn cell(g: &Group) -> String {
+    let mut text = format!(
+        "{:.2}±{:.2} / {}±{} / {}±{}",
+        g.score.mean,
+        g.score.sd,
+        thousands(g.prompt_mean.mean),
+        thousands(g.prompt_mean.sd),
+        compact(g.total_tokens.mean),
+        compact(g.total_tokens.sd)
+    );
+    if let (Some(recovery), Some(recovered)) = (g.recovery_steps, g.recovered_runs) {
+        text.push_str(&format!(
+            " / rec {:.1} ({recovered}/{})",
+            recovery.mean, g.seeds
+        ));
+    }
+    text
+}
+
+/// `12,345`
+pub fn thousands(value: f64) -> String {
+    let n = value.round() as i64;
+    let digits = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// `950`, `12.6k`, `1.06M`
+pub fn compact(value: f64) -> String {
+    if value >= 1_000_000.0 {
+        format!("{:.2}M", value / 1_000_000.0)
+    } else if value >= 1_000.0 {
+        format!("{:.1}k", value / 1_000.0)
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+/// Scaling fits for the largest horizon of the first noise level without drift.
+fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Scaling> {
+    let Some(&horizon) = config.horizons.iter().max() else {
+        return Vec::new();
+    };
+    let Some(&noise) = config.noise.first() else {
+        return Vec::new();
+    };
+    if !config.drifts.is_empty() {
+        return Vec::new();
+    }
+    config
+        .strategies
+        .iter()
+        .filter_map(|&strategy| {
+            let series: Vec<&Vec<u64>> = runs
+                .iter()
+                .filter(|r| {
+                    r.spec.horizon == horizon
+                        && r.spec.noise == noise
+                        && r.spec.strategy == strategy
+                })
+                .map(|r| &r.prompt_tokens_per_step)
+                .collect();
+            let steps = series.iter().map(|s| s.len()).min()?;
+            if steps < 2 {
+                return None;
+            }
+            let xs: Vec<f64> = (1..=steps).map(|s| s as f64).collect();
+            let ys: Vec<f64> = (0..steps)
+                .map(|i| series.iter().map(|s| s[i] as f64).sum::<f64>() / series.len() as f64)
+                .collect();
+            let fit = linear_fit(&xs, &ys);
+            let totals: Vec<(f64, f64)> = groups
+                .iter()
+                .filter(|g| g.strategy == strategy && g.noise == noise && g.drift.is_none())
+                .map(|g| (f64::from(g.horizon).ln(), g.total_tokens.mean.max(1.0).ln()))
+                .collect();
+            let total_tokens_exponent = (totals.len() >= 2).then(|| {
+                let (lx, ly): (Vec<f64>, Vec<f64>) = totals.into_iter().unzip();
+                linear_fit(&lx, &ly).slope
+            });
+            Some(Scaling {
+                strategy,
+                horizon,
+                prompt_growth: if fit.intercept.abs() > f64::EPSILON {
+                    fit.slope * (steps as f64 - 1.0) / fit.intercept
+                } else {
+                    0.0
+                },
+                prompt_per_step: fit,
+                total_tokens_exponent,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(thousands(1_234_567.4), "1,234,567");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(compact(12_600.0), "12.6k");
+        assert_eq!(compact(1_062_387.0), "1.06M");
+        assert_eq!(compact(950.0), "950");
+    }
+}

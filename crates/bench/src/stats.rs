@@ -1,0 +1,78 @@
+//! Mean ± SD and least-squares lines, for aggregating runs over seeds and for the scaling laws.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MeanSd {
+    pub mean: f64,
+    /// Sample standard deviation (n − 1); 0 for a single value.
+    pub sd: f64,
+}
+
+pub fn mean_sd(values: &[f64]) -> MeanSd {
+    if values.is_empty() {
+        return MeanSd { mean: 0.0, sd: 0.0 };
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let sd = if values.len() > 1 {
+        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    MeanSd { mean, sd }
+}
+
+/// `y ≈ intercept + slope · x`, with the coefficient of determination.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinearFit {
+    pub slope: f64,
+    pub intercept: f64,
+    pub r_squared: f64,
+}
+
+pub fn linear_fit(xs: &[f64], ys: &[f64]) -> LinearFit {
+    let n = xs.len().min(ys.len()) as f64;
+    if n < 2.0 {
+        return LinearFit {
+            slope: 0.0,
+            intercept: ys.first().copied().unwrap_or(0.0),
+            r_squared: 1.0,
+        };
+    }
+    let mx = xs.iter().sum::<f64>() / n;
+    let my = ys.iter().sum::<f64>() / n;
+    let sxy: f64 = xs.iter().zip(ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+    let sxx: f64 = xs.iter().map(|x| (x - mx).powi(2)).sum();
+    let syy: f64 = ys.iter().map(|y| (y - my).powi(2)).sum();
+    let slope = if sxx == 0.0 { 0.0 } else { sxy / sxx };
+    let intercept = my - slope * mx;
+    let r_squared = if syy == 0.0 {
+        1.0
+    } else {
+        (sxy * sxy) / (sxx * syy)
+    };
+    LinearFit {
+        slope,
+        intercept,
+        r_squared,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_sd_and_fit() {
+        let m = mean_sd(&[1.0, 2.0, 3.0, 4.0]);
+        assert!((m.mean - 2.5).abs() < 1e-12);
+        assert!((m.sd - 1.290_994_448_735_805_6).abs() < 1e-12);
+        assert_eq!(mean_sd(&[7.0]).sd, 0.0);
+        let fit = linear_fit(&[0.0, 1.0, 2.0, 3.0], &[1.0, 3.0, 5.0, 7.0]);
+        assert!((fit.slope - 2.0).abs() < 1e-12 && (fit.intercept - 1.0).abs() < 1e-12);
+        assert!((fit.r_squared - 1.0).abs() < 1e-12);
+        let flat = linear_fit(&[0.0, 1.0, 2.0], &[5.0, 5.0, 5.0]);
+        assert_eq!((flat.slope, flat.r_squared), (0.0, 1.0));
+    }
+}

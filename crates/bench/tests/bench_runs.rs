@@ -1,0 +1,230 @@
+//! skillbench end to end with the oracle on the shipped warehouse skill: the table's
+//! invariants, determinism, and the paper's scaling, budget and drift properties (checked as
+//! relations between strategies, never as fixed numbers).
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use skillstate_bench::{BenchConfig, BenchReport, Group, run_bench, write_outputs};
+use skillstate_core::ContextStrategy;
+
+fn skill_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../skills/warehouse")
+}
+
+fn config(horizons: Vec<u32>, seeds: u64, strategies: &[ContextStrategy]) -> BenchConfig {
+    BenchConfig {
+        environment: "warehouse".into(),
+        horizons,
+        seeds: (0..seeds).collect(),
+        strategies: strategies.to_vec(),
+        budget: None,
+        noise: vec![0],
+        drifts: Vec::new(),
+        model: "oracle".into(),
+        jobs: 2,
+    }
+}
+
+fn run(config: &BenchConfig) -> BenchReport {
+    run_bench(&skill_dir(), config, &|_, _| {}).unwrap()
+}
+
+fn group(report: &BenchReport, strategy: ContextStrategy) -> &Group {
+    report
+        .groups
+        .iter()
+        .find(|g| g.strategy == strategy)
+        .unwrap()
+}
+
+#[test]
+fn a_small_bench_has_a_consistent_table_and_outputs() {
+    let report = run(&config(vec![10], 1, &ContextStrategy::ALL));
+    assert_eq!(report.runs.len(), 5);
+    for run in &report.runs {
+        assert_eq!(run.status, "completed", "{:?}", run.spec);
+        assert_eq!(run.steps, 10);
+        assert_eq!(run.prompt_tokens_per_step.len(), 10);
+        assert!(
+            run.total_tokens > run.total_prompt_tokens
+                && run.total_prompt_tokens >= run.prompt_tokens_per_step.iter().sum()
+        );
+        assert!(run.prompt_max >= run.prompt_last && run.prompt_mean <= run.prompt_max as f64);
+        assert!((0.0..=1.0).contains(&run.score));
+        assert_eq!(run.rejected_answers, 0, "the oracle always answers validly");
+    }
+    // Every strategy renders the same prefix; transcripts only add to it.
+    let state = group(&report, ContextStrategy::State);
+    for strategy in [
+        ContextStrategy::History,
+        ContextStrategy::Stateful,
+        ContextStrategy::Summary,
+    ] {
+        assert!(
+            group(&report, strategy).total_tokens.mean > state.total_tokens.mean,
+            "{strategy:?}"
+        );
+    }
+    let history = report
+        .runs
+        .iter()
+        .find(|r| r.spec.strategy == ContextStrategy::History)
+        .unwrap();
+    assert!(
+        history
+            .prompt_tokens_per_step
+            .windows(2)
+            .all(|w| w[1] > w[0]),
+        "the transcript grows every step"
+    );
+    assert_eq!(state.score.mean, 1.0);
+
+    let table = report.table();
+    for name in ContextStrategy::NAMES {
+        assert!(table.contains(name), "{table}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let written = write_outputs(&report, tmp.path()).unwrap();
+    assert_eq!(written.len(), 3);
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("results.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["runs"].as_array().unwrap().len(), 5);
+    let svg = std::fs::read_to_string(tmp.path().join("prompt_tokens.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("polyline"),
+        "{}",
+        &svg[..200.min(svg.len())]
+    );
+    assert!(
+        std::fs::read_to_string(tmp.path().join("report.md"))
+            .unwrap()
+            .contains("| T |")
+    );
+}
+
+fn without_wall_times(mut value: Value) -> Value {
+    match &mut value {
+        Value::Object(map) => {
+            map.retain(|k, _| !k.starts_with("wall_ms"));
+            for v in map.values_mut() {
+                *v = without_wall_times(v.take());
+            }
+        }
+        Value::Array(items) => {
+            for v in items.iter_mut() {
+                *v = without_wall_times(v.take());
+            }
+        }
+        _ => {}
+    }
+    value
+}
+
+#[test]
+fn the_same_seeds_give_identical_results() {
+    let mut c = config(vec![12], 2, &ContextStrategy::ALL);
+    c.noise = vec![3];
+    let first = serde_json::to_value(run(&c)).unwrap();
+    c.jobs = 1;
+    let second = serde_json::to_value(run(&c)).unwrap();
+    assert_eq!(
+        without_wall_times(first.clone()),
+        without_wall_times(second)
+    );
+    c.seeds = vec![5, 6];
+    let other = serde_json::to_value(run(&c)).unwrap();
+    assert_ne!(
+        without_wall_times(first),
+        without_wall_times(other),
+        "different seeds, different events"
+    );
+}
+
+#[test]
+fn state_prompts_stay_flat_while_transcripts_grow_linearly() {
+    let report = run(&config(
+        vec![25, 100],
+        2,
+        &[
+            ContextStrategy::State,
+            ContextStrategy::History,
+            ContextStrategy::Stateful,
+        ],
+    ));
+    let fit = |s: ContextStrategy| report.scaling.iter().find(|f| f.strategy == s).unwrap();
+    let state = fit(ContextStrategy::State);
+    assert!(
+        state.prompt_growth.abs() < 0.10,
+        "state prompt grew {:.1}% over the run",
+        state.prompt_growth * 100.0
+    );
+    for s in [ContextStrategy::History, ContextStrategy::Stateful] {
+        let f = fit(s);
+        assert!(
+            f.prompt_per_step.slope > 0.0 && f.prompt_per_step.r_squared >= 0.95,
+            "{s:?}: {f:?}"
+        );
+        assert!(
+            f.total_tokens_exponent.unwrap() > state.total_tokens_exponent.unwrap() + 0.2,
+            "{s:?}: {f:?}"
+        );
+    }
+    assert!(
+        (state.total_tokens_exponent.unwrap() - 1.0).abs() < 0.1,
+        "{state:?}"
+    );
+}
+
+#[test]
+fn under_a_tight_budget_the_window_forgets_and_state_does_not() {
+    let mut c = config(
+        vec![100],
+        2,
+        &[ContextStrategy::State, ContextStrategy::Window],
+    );
+    c.budget = Some(1800);
+    let report = run(&c);
+    let state = group(&report, ContextStrategy::State).score.mean;
+    let window = group(&report, ContextStrategy::Window).score.mean;
+    assert!(state >= 0.95, "state scored {state}");
+    assert!(window < state - 0.15, "window {window} vs state {state}");
+    let window_prompts = report
+        .runs
+        .iter()
+        .filter(|r| r.spec.strategy == ContextStrategy::Window);
+    for run in window_prompts {
+        assert!(
+            run.prompt_max <= 1800 + 40,
+            "window prompt {} over the budget",
+            run.prompt_max
+        );
+    }
+}
+
+#[test]
+fn with_drift_the_state_strategy_recovers_at_once() {
+    let mut c = config(
+        vec![40],
+        2,
+        &[ContextStrategy::State, ContextStrategy::Window],
+    );
+    c.drifts = skillstate_envs::drift_scenarios("warehouse")
+        .iter()
+        .map(|d| (*d).to_owned())
+        .collect();
+    let report = run(&c);
+    assert_eq!(report.groups.len(), 8);
+    for g in report
+        .groups
+        .iter()
+        .filter(|g| g.strategy == ContextStrategy::State)
+    {
+        assert_eq!(g.recovery_steps.unwrap().mean, 0.0, "{:?}", g.drift);
+        assert_eq!(g.recovered_runs, Some(2), "{:?}", g.drift);
+        assert_eq!(g.score.mean, 1.0, "{:?}", g.drift);
+    }
+    assert!(report.table().contains("rec "));
+}

@@ -1,0 +1,120 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use skillstate_bench::{BenchConfig, run_bench, write_outputs};
+use skillstate_core::ContextStrategy;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// The environment to bench (`warehouse`); its skill is skills/<environment> unless --skill.
+    environment: String,
+    /// The skill directory to bench.
+    #[arg(long)]
+    skill: Option<PathBuf>,
+    /// Horizons T (events per run). Default 10,25,50,100,200; 50 with --noise or --drift.
+    #[arg(long, value_delimiter = ',')]
+    horizons: Option<Vec<u32>>,
+    /// Number of seeds (0, 1, 2, ...).
+    #[arg(long, default_value_t = 5)]
+    seeds: u64,
+    /// Context strategies to compare.
+    #[arg(long, value_delimiter = ',', default_value = "state,history,summary,stateful,window", value_parser = parse_strategy)]
+    strategies: Vec<ContextStrategy>,
+    /// Token budget for `window` (default 1800) and `summary` (capped only when given).
+    #[arg(long)]
+    budget: Option<usize>,
+    /// Telemetry lines per observation; several levels give one row each.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    noise: Vec<u32>,
+    /// Run the drift scenarios (secret move, secret audit, secret barcode, canceled order).
+    #[arg(long)]
+    drift: bool,
+    /// The model: `oracle` (reads only the prompt, acts optimally on it) or a model spec.
+    #[arg(long, default_value = "oracle")]
+    model: String,
+    /// Where results.json, report.md and prompt_tokens.svg go.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// Runs at once (default: the number of cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+fn parse_strategy(name: &str) -> Result<ContextStrategy, String> {
+    ContextStrategy::parse(name).ok_or_else(|| {
+        format!(
+            "unknown strategy `{name}`; use: {}",
+            ContextStrategy::NAMES.join(", ")
+        )
+    })
+}
+
+pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    let skill_dir = args
+        .skill
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("skills").join(&args.environment));
+    if !skill_dir.join("SKILL.md").is_file() {
+        bail!(
+            "no skill for environment `{}` at {}; run from the repository root or pass --skill <dir>",
+            args.environment,
+            skill_dir.display()
+        );
+    }
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    let horizons = args.horizons.clone().unwrap_or_else(|| {
+        if args.drift || args.noise.iter().any(|n| *n > 0) {
+            vec![50]
+        } else {
+            vec![10, 25, 50, 100, 200]
+        }
+    });
+    if horizons.is_empty() || horizons.contains(&0) {
+        bail!("--horizons must list positive numbers of events");
+    }
+    let drifts = if args.drift {
+        skillstate_envs::drift_scenarios(&args.environment)
+            .iter()
+            .map(|d| (*d).to_owned())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let config = BenchConfig {
+        environment: args.environment.clone(),
+        horizons,
+        seeds: (0..args.seeds).collect(),
+        strategies: args.strategies.clone(),
+        budget: args.budget,
+        noise: args.noise.clone(),
+        drifts,
+        model: args.model.clone(),
+        jobs: args.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+    };
+    let total = config.specs().len();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let report = run_bench(&skill_dir, &config, &|done, _| {
+        bar.set_position(done as u64)
+    })
+    .with_context(|| format!("bench {}", args.environment))?;
+    bar.finish_and_clear();
+    print!("{}", report.table());
+    let written = write_outputs(&report, &args.out)?;
+    println!();
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,60 @@
+//! The oracle policy (`--model oracle`): deterministic and honest. It reads ONLY the rendered
+//! prompt text — never the environment — and acts optimally on what that text says. It
+//! therefore measures how much task-relevant information a context strategy keeps in front of
+//! the model: an upper bound that a real model can only approach.
+
+mod view;
+mod warehouse;
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use skillstate_providers::{ModelProvider, ModelRequest, ModelResponse, ProviderError};
+
+pub use view::{PromptView, TurnView, read_prompt};
+
+/// The environments that have an oracle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Warehouse,
+}
+
+/// The oracle for one environment kind.
+pub struct OracleModel {
+    kind: Kind,
+}
+
+impl OracleModel {
+    /// The oracle for environment `kind`, if there is one.
+    pub fn for_environment(kind: &str) -> Result<Self, ProviderError> {
+        match kind {
+            crate::warehouse::KIND => Ok(Self {
+                kind: Kind::Warehouse,
+            }),
+            other => Err(ProviderError::UnknownSpec(format!(
+                "oracle (no oracle policy for the `{other}` environment; it exists for: {})",
+                crate::warehouse::KIND
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl ModelProvider for OracleModel {
+    fn spec(&self) -> String {
+        "oracle".into()
+    }
+
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
+        let started = Instant::now();
+        let prompt = request.prompt.text();
+        let text = match self.kind {
+            Kind::Warehouse => warehouse::answer(&prompt),
+        };
+        Ok(ModelResponse {
+            text,
+            usage: None,
+            latency: started.elapsed(),
+        })
+    }
+}
