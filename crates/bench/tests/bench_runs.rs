@@ -228,3 +228,48 @@ fn with_drift_the_state_strategy_recovers_at_once() {
     }
     assert!(report.table().contains("rec "));
 }
+
+#[test]
+fn the_repository_environment_benches_too() {
+    let mut c = config(
+        vec![30],
+        2,
+        &[
+            ContextStrategy::State,
+            ContextStrategy::History,
+            ContextStrategy::Window,
+        ],
+    );
+    c.environment = "repository".into();
+    let report = run_bench(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../skills/repository"),
+        &c,
+        &|_, _| {},
+    )
+    .unwrap();
+    for run in &report.runs {
+        assert_eq!(run.status, "completed");
+        assert_eq!(run.steps, 30);
+        assert_eq!(run.rejected_answers, 0, "{:?}", run.spec);
+    }
+    assert_eq!(group(&report, ContextStrategy::State).score.mean, 1.0);
+    assert_eq!(group(&report, ContextStrategy::History).score.mean, 1.0);
+    assert!(
+        group(&report, ContextStrategy::History).total_tokens.mean
+            > group(&report, ContextStrategy::State).total_tokens.mean
+    );
+    // A skill for one environment cannot be benched as another.
+    c.environment = "warehouse".into();
+    let error = run_bench(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../skills/repository"),
+        &c,
+        &|_, _| {},
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("runs in the `repository` environment"),
+        "{error}"
+    );
+}

@@ -112,18 +112,23 @@ pub fn describe_outcome(outcome: &Value) -> String {
     match reason {
         "episode_over" => {
             let env = &outcome["environment"];
-            match (
-                env.get("score").and_then(Value::as_f64),
-                env.get("correct_actions"),
-                env.get("actionable_events"),
-            ) {
-                (Some(score), Some(correct), Some(events)) => {
-                    format!(
-                        "environment episode over, score {score:.2} ({correct}/{events} correct actions)"
-                    )
-                }
-                _ => "environment episode over".into(),
+            let mut text = "environment episode over".to_owned();
+            if let Some(score) = env.get("score").and_then(Value::as_f64) {
+                text.push_str(&format!(", score {score:.2}"));
             }
+            if let (Some(correct), Some(events)) =
+                (env.get("correct_actions"), env.get("actionable_events"))
+            {
+                text.push_str(&format!(" ({correct}/{events} correct actions)"));
+            }
+            if let (Some(merged), Some(requested)) =
+                (env.get("merged_clean"), env.get("features_requested"))
+            {
+                text.push_str(&format!(
+                    " ({merged}/{requested} features merged with green CI)"
+                ));
+            }
+            text
         }
         "finish" => format!("finished with result {}", outcome["result"]),
         "ask_user" => format!(

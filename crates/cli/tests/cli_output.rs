@@ -185,3 +185,34 @@ fn user_errors_are_clear_and_exit_non_zero() {
         text(&run.stdout)
     );
 }
+
+#[test]
+fn bench_prints_the_table_and_writes_its_outputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bench-out");
+    let bench = skillstate(
+        &tmp.path().join("unused.db"),
+        &[
+            "bench",
+            "warehouse",
+            "--horizons",
+            "10",
+            "--seeds",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(bench.status.success(), "{}", text(&bench.stderr));
+    snapshot!(tmp.path(), "bench_small", text(&bench.stdout));
+    for file in ["results.json", "report.md", "prompt_tokens.svg"] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    let unknown = skillstate(&tmp.path().join("unused.db"), &["bench", "factory"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        text(&unknown.stderr).contains("no skill for environment `factory`"),
+        "{}",
+        text(&unknown.stderr)
+    );
+}

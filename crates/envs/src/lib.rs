@@ -4,6 +4,7 @@
 pub mod noise;
 pub mod oracle;
 mod params;
+pub mod repository;
 pub mod rng;
 pub mod warehouse;
 
@@ -11,7 +12,7 @@ use skillstate_core::skill::EnvironmentSettings;
 use skillstate_tools::{Environment, EnvironmentError};
 
 /// Names of the built-in environments.
-pub const ENVIRONMENTS: &[&str] = &[warehouse::KIND];
+pub const ENVIRONMENTS: &[&str] = &[warehouse::KIND, repository::KIND];
 
 /// The drift scenarios an environment offers, by name.
 pub fn drift_scenarios(kind: &str) -> Vec<&'static str> {
@@ -28,6 +29,9 @@ pub fn build_environment(
     match settings.kind.as_str() {
         warehouse::KIND => Ok(Box::new(warehouse::Warehouse::new(
             warehouse::WarehouseConfig::from_params(&settings.params)?,
+        ))),
+        repository::KIND => Ok(Box::new(repository::Repository::new(
+            repository::RepositoryConfig::from_params(&settings.params)?,
         ))),
         other => Err(EnvironmentError::Config {
             kind: other.to_owned(),

@@ -177,7 +177,27 @@ fn first_line(text: &str) -> &str {
         .trim()
 }
 
-/// One line per older step: its alert's first line, the action, and the action's result.
+/// Longest alert text a summary line keeps.
+const SUMMARY_ALERT_CHARS: usize = 400;
+
+/// The alert's lines joined on one line, up to a `---` separator (which starts attached
+/// material such as telemetry), at most `SUMMARY_ALERT_CHARS` characters.
+fn condensed(alert: &str) -> String {
+    let joined = alert
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("---"))
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" / ");
+    if joined.chars().count() <= SUMMARY_ALERT_CHARS {
+        return joined;
+    }
+    let cut: String = joined.chars().take(SUMMARY_ALERT_CHARS).collect();
+    format!("{cut}…")
+}
+
+/// One line per older step: its alert, the action, and the first line of the action's result.
 fn summary_line(turn: &Turn, previous: Option<&Turn>) -> String {
     let result = turn
         .result
@@ -187,7 +207,7 @@ fn summary_line(turn: &Turn, previous: Option<&Turn>) -> String {
     format!(
         "- step {}: {} => {} -> {}\n",
         turn.step,
-        first_line(alert_of(turn, previous)),
+        condensed(alert_of(turn, previous)),
         turn.action,
         result
     )

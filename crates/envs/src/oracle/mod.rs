@@ -3,6 +3,7 @@
 //! therefore measures how much task-relevant information a context strategy keeps in front of
 //! the model: an upper bound that a real model can only approach.
 
+mod repository;
 mod view;
 mod warehouse;
 
@@ -17,6 +18,7 @@ pub use view::{PromptView, TurnView, read_prompt};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Warehouse,
+    Repository,
 }
 
 /// The oracle for one environment kind.
@@ -31,9 +33,12 @@ impl OracleModel {
             crate::warehouse::KIND => Ok(Self {
                 kind: Kind::Warehouse,
             }),
+            crate::repository::KIND => Ok(Self {
+                kind: Kind::Repository,
+            }),
             other => Err(ProviderError::UnknownSpec(format!(
                 "oracle (no oracle policy for the `{other}` environment; it exists for: {})",
-                crate::warehouse::KIND
+                crate::ENVIRONMENTS.join(", ")
             ))),
         }
     }
@@ -50,6 +55,7 @@ impl ModelProvider for OracleModel {
         let prompt = request.prompt.text();
         let text = match self.kind {
             Kind::Warehouse => warehouse::answer(&prompt),
+            Kind::Repository => repository::answer(&prompt),
         };
         Ok(ModelResponse {
             text,

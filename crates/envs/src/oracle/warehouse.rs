@@ -49,7 +49,9 @@ fn starting_belief(view: &PromptView<'_>) -> Inventory {
         let (alert, rest) = line.split_once(" => ").unwrap_or((line, ""));
         let result = rest.split_once(" -> ").map(|(_, r)| r).unwrap_or("");
         let alert = alert.split_once(": ").map(|(_, a)| a).unwrap_or(alert);
-        apply_fact(alert, &mut belief);
+        for part in alert.split(" / ") {
+            apply_fact(part, &mut belief);
+        }
         apply_fact(result, &mut belief);
     }
     for turn in &view.turns {
