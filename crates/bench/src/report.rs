@@ -40,6 +40,9 @@ pub struct Scaling {
     pub prompt_growth: f64,
     /// Slope of log(total tokens) against log(T) across horizons: ≈1 linear, ≈2 quadratic.
     pub total_tokens_exponent: Option<f64>,
+    /// Fit of total tokens / T against T across horizons, i.e. total ≈ intercept·T + slope·T²:
+    /// a slope near 0 means linear growth, a clear positive slope quadratic growth.
+    pub total_tokens_quadratic: Option<LinearFit>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -216,38 +219,47 @@ impl BenchReport {
             return out;
         };
         out.push_str(&format!(
-            "\n{}Scaling at T={} (linear fit of prompt tokens per step; exponent of total tokens in T):\n",
+            "\n{}Scaling at T={} (linear fit of prompt tokens per step; total tokens ≈ a·T + b·T² across horizons):\n",
             if markdown { "### " } else { "" },
             first.horizon
         ));
         if markdown {
-            out.push_str("\n| strategy | intercept | slope/step | R² | growth over run | total-token exponent |\n|---|---|---|---|---|---|\n");
+            out.push_str("\n| strategy | intercept | slope/step | R² | growth over run | total tokens a | b | log-log exponent |\n|---|---|---|---|---|---|---|---|\n");
         }
         for s in &self.scaling {
             let exponent = s
                 .total_tokens_exponent
                 .map(|e| format!("{e:.2}"))
                 .unwrap_or_else(|| "-".into());
+            let (a, b) = s
+                .total_tokens_quadratic
+                .map(|q| (format!("{:.0}", q.intercept), format!("{:.2}", q.slope)))
+                .unwrap_or_else(|| ("-".into(), "-".into()));
+            let totals = match s.total_tokens_quadratic {
+                Some(_) => format!("  total ≈ {a:>5}·T + {b:>6}·T² (log-log exponent {exponent})"),
+                None => String::new(),
+            };
             let fit = &s.prompt_per_step;
-            if markdown {
-                out.push_str(&format!(
-                    "| {} | {:.0} | {:.2} | {:.3} | {:.1}% | {exponent} |\n",
+            let line = if markdown {
+                format!(
+                    "| {} | {:.0} | {:.2} | {:.3} | {:.1}% | {a} | {b} | {exponent} |\n",
                     s.strategy.as_str(),
                     fit.intercept,
                     fit.slope,
                     fit.r_squared,
                     s.prompt_growth * 100.0
-                ));
+                )
             } else {
-                out.push_str(&format!(
-                    "  {:<9} intercept {:>7.0}  slope {:>7.2}/step  R² {:.3}  growth {:>6.1}%  total-token exponent {exponent}\n",
+                format!(
+                    "  {:<9} intercept {:>6.0}  slope {:>7.2}/step  R² {:.3}  growth {:>7.1}%{totals}\n",
                     s.strategy.as_str(),
                     fit.intercept,
                     fit.slope,
                     fit.r_squared,
                     s.prompt_growth * 100.0
-                ));
-            }
+                )
+            };
+            out.push_str(&line);
         }
         out
     }
@@ -375,6 +387,20 @@ fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Sc
                 let (lx, ly): (Vec<f64>, Vec<f64>) = totals.into_iter().unzip();
                 linear_fit(&lx, &ly).slope
             });
+            let per_horizon: Vec<(f64, f64)> = groups
+                .iter()
+                .filter(|g| g.strategy == strategy && g.noise == noise && g.drift.is_none())
+                .map(|g| {
+                    (
+                        f64::from(g.horizon),
+                        g.total_tokens.mean / f64::from(g.horizon.max(1)),
+                    )
+                })
+                .collect();
+            let total_tokens_quadratic = (per_horizon.len() >= 2).then(|| {
+                let (t, per_step): (Vec<f64>, Vec<f64>) = per_horizon.into_iter().unzip();
+                linear_fit(&t, &per_step)
+            });
             Some(Scaling {
                 strategy,
                 horizon,
@@ -385,6 +411,7 @@ fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Sc
                 },
                 prompt_per_step: fit,
                 total_tokens_exponent,
+                total_tokens_quadratic,
             })
         })
         .collect()

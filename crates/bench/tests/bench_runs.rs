@@ -176,6 +176,17 @@ fn state_prompts_stay_flat_while_transcripts_grow_linearly() {
         (state.total_tokens_exponent.unwrap() - 1.0).abs() < 0.1,
         "{state:?}"
     );
+    // total ≈ a·T + b·T²: b is negligible for state and clearly positive for transcripts.
+    let quadratic = |s: ContextStrategy| fit(s).total_tokens_quadratic.unwrap();
+    let state_q = quadratic(ContextStrategy::State);
+    assert!(
+        state_q.slope * 100.0 < 0.1 * state_q.intercept,
+        "{state_q:?}"
+    );
+    for s in [ContextStrategy::History, ContextStrategy::Stateful] {
+        let q = quadratic(s);
+        assert!(q.slope * 100.0 > 2.0 * q.intercept, "{s:?}: {q:?}");
+    }
 }
 
 #[test]
