@@ -117,7 +117,7 @@ fn run_tasks_and_show_the_demo() {
     let prompt_text = text(&prompt.stdout);
     assert!(prompt_text.ends_with("# Latest observation\nSuccess: Shipped item_6241 from shelf_330.\nCustomer ordered item_4298.\n"));
     assert!(
-        prompt_text.contains("{\"inventory\":{\"shelf_206\":\"item_4298\"},\"shelf_count\":500}")
+        prompt_text.contains("{\"shelf_count\":500,\"inventory\":{\"shelf_206\":\"item_4298\"}}")
     );
     assert!(text(&prompt.stderr).contains("byte-identical"));
 }
