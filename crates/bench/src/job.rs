@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use skillstate_core::{ContextStrategy, Skill, count_tokens};
 use skillstate_envs::oracle::OracleModel;
+use skillstate_providers::{ModelProvider, Usage};
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
 use skillstate_store::{SqliteStore, Store, Synchronous, Verdict};
 
@@ -41,6 +42,9 @@ pub struct RunResult {
     pub total_completion_tokens: u64,
     pub total_tokens: u64,
     pub rejected_answers: u64,
+    /// What the provider reported, summed over the run's calls (absent for the oracle).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_usage: Option<Usage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_steps: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,7 +55,9 @@ pub struct RunResult {
 /// The shared inputs of every run of one bench.
 pub struct JobContext {
     pub skill: Skill,
-    pub model: String,
+    /// The model every run shares (and so its rate limits), or `None` for the oracle, which is
+    /// built per run for the environment it reads.
+    pub model: Option<Arc<dyn ModelProvider>>,
     pub budget: Option<usize>,
 }
 
@@ -77,16 +83,12 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
     let skill = Skill::from_definition(definition).map_err(BenchError::Setup)?;
     let mut env = skillstate_envs::build_environment(&env_settings)
         .map_err(|e| BenchError::Setup(e.to_string()))?;
-    let model: Arc<dyn skillstate_providers::ModelProvider> = if ctx.model == "oracle" {
-        Arc::new(
+    let model: Arc<dyn ModelProvider> = match &ctx.model {
+        Some(model) => Arc::clone(model),
+        None => Arc::new(
             OracleModel::for_environment(env.kind())
                 .map_err(|e| BenchError::Setup(e.to_string()))?,
-        )
-    } else {
-        Arc::from(
-            skillstate_providers::from_spec(&ctx.model)
-                .map_err(|e| BenchError::Setup(e.to_string()))?,
-        )
+        ),
     };
     let store = Arc::new(
         SqliteStore::open("sqlite::memory:", Synchronous::Normal)
@@ -143,7 +145,20 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
             .iter()
             .filter(|e| e.verdict == Verdict::Rejected)
             .count() as u64,
+        provider_usage: journal
+            .iter()
+            .filter_map(|e| {
+                e.usage
+                    .as_ref()
+                    .and_then(|u| serde_json::from_value::<Usage>(u.clone()).ok())
+            })
+            .fold(None, |sum: Option<Usage>, u| {
+                let mut total = sum.unwrap_or_default();
+                total.add(&u);
+                Some(total)
+            }),
         recovery_steps: drift.and_then(|d| d["recovery_steps"].as_u64()),
+
         recovered: drift.and_then(|d| d["recovered"].as_bool()),
         wall_ms: started.elapsed().as_millis() as u64,
     })

@@ -42,7 +42,11 @@ pub struct BenchConfig {
     /// Drift scenarios to run; empty means no drift.
     pub drifts: Vec<String>,
     pub model: String,
+    /// Price of the model, for the cost column (from `[prices]` in skillstate.toml).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<skillstate_providers::Price>,
     /// Runs at once (at most this many threads).
+
     #[serde(skip)]
     pub jobs: usize,
 }
@@ -80,9 +84,11 @@ impl BenchConfig {
 pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
 
 /// Runs every run of `config` for the skill in `skill_dir`, spread over `config.jobs` threads.
+/// `model` is shared by every run; `None` runs the oracle.
 pub fn run_bench(
     skill_dir: &Path,
     config: &BenchConfig,
+    model: Option<Arc<dyn skillstate_providers::ModelProvider>>,
     progress: Progress<'_>,
 ) -> Result<BenchReport, BenchError> {
     let skill = Skill::load(skill_dir)
@@ -103,7 +109,7 @@ pub fn run_bench(
     }
     let context = job::JobContext {
         skill,
-        model: config.model.clone(),
+        model,
         budget: config.budget,
     };
     let specs = config.specs();

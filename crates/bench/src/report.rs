@@ -27,6 +27,16 @@ pub struct Group {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovered_runs: Option<usize>,
     pub wall_ms_mean: f64,
+    /// Provider-reported tokens per run, averaged over seeds (absent for the oracle).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_input_tokens: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_output_tokens: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_cached_tokens: Option<f64>,
+    /// Estimated cost per run in USD, from the configured price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
 
 /// How a strategy's cost grows with the horizon.
@@ -88,6 +98,25 @@ impl BenchReport {
                     recovered_runs: has_drift
                         .then(|| runs.iter().filter(|r| r.recovered == Some(true)).count()),
                     wall_ms_mean: mean_sd(&values(&|r| r.wall_ms as f64)).mean,
+                    provider_input_tokens: usage_mean(&runs, |u| u.input_tokens),
+                    provider_output_tokens: usage_mean(&runs, |u| u.output_tokens),
+                    provider_cached_tokens: usage_mean(&runs, |u| {
+                        u.cached_input_tokens.unwrap_or(0)
+                    }),
+                    cost_usd: config.price.and_then(|price| {
+                        let costs: Vec<f64> = runs
+                            .iter()
+                            .filter_map(|r| r.provider_usage.as_ref())
+                            .map(|u| {
+                                let cached = u.cached_input_tokens.unwrap_or(0).min(u.input_tokens);
+                                ((u.input_tokens - cached) as f64 * price.input
+                                    + cached as f64 * price.cached_input.unwrap_or(price.input)
+                                    + u.output_tokens as f64 * price.output)
+                                    / 1_000_000.0
+                            })
+                            .collect();
+                        (!costs.is_empty()).then(|| mean_sd(&costs).mean)
+                    }),
                 }
             })
             .collect();
@@ -311,6 +340,16 @@ fn cell(g: &Group) -> String {
         compact(g.total_tokens.mean),
         compact(g.total_tokens.sd)
     );
+    if let Some(input) = g.provider_input_tokens {
+        text.push_str(&format!(
+            " / provider {}+{}",
+            compact(input),
+            compact(g.provider_output_tokens.unwrap_or(0.0))
+        ));
+    }
+    if let Some(cost) = g.cost_usd {
+        text.push_str(&format!(" / ${cost:.4}"));
+    }
     if let (Some(recovery), Some(recovered)) = (g.recovery_steps, g.recovered_runs) {
         text.push_str(&format!(
             " / rec {:.1} ({recovered}/{})",
@@ -415,6 +454,19 @@ fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Sc
             })
         })
         .collect()
+}
+
+/// Mean of one provider-usage field over the runs that report usage.
+fn usage_mean(
+    runs: &[&RunResult],
+    field: impl Fn(&skillstate_providers::Usage) -> u64,
+) -> Option<f64> {
+    let values: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.provider_usage.as_ref())
+        .map(|u| field(u) as f64)
+        .collect();
+    (!values.is_empty()).then(|| mean_sd(&values).mean)
 }
 
 #[cfg(test)]

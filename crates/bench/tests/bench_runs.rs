@@ -23,12 +23,13 @@ fn config(horizons: Vec<u32>, seeds: u64, strategies: &[ContextStrategy]) -> Ben
         noise: vec![0],
         drifts: Vec::new(),
         model: "oracle".into(),
+        price: None,
         jobs: 2,
     }
 }
 
 fn run(config: &BenchConfig) -> BenchReport {
-    run_bench(&skill_dir(), config, &|_, _| {}).unwrap()
+    run_bench(&skill_dir(), config, None, &|_, _| {}).unwrap()
 }
 
 fn group(report: &BenchReport, strategy: ContextStrategy) -> &Group {
@@ -255,6 +256,7 @@ fn the_repository_environment_benches_too() {
     let report = run_bench(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../skills/repository"),
         &c,
+        None,
         &|_, _| {},
     )
     .unwrap();
@@ -274,6 +276,7 @@ fn the_repository_environment_benches_too() {
     let error = run_bench(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../skills/repository"),
         &c,
+        None,
         &|_, _| {},
     )
     .unwrap_err();

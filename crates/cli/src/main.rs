@@ -1,6 +1,7 @@
 //! The `skillstate` command: wires the crates together; no logic of its own beyond presentation.
 
 mod commands;
+mod model;
 mod render;
 
 use std::path::PathBuf;
@@ -18,6 +19,9 @@ struct Cli {
     /// Database: a SQLite file path (created if missing).
     #[arg(long, global = true, env = "SKILLSTATE_DB", default_value = skillstate_store::DEFAULT_DB)]
     db: String,
+    /// Model settings and prices (default: ./skillstate.toml when it exists).
+    #[arg(long, global = true, env = "SKILLSTATE_CONFIG")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -61,10 +65,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Validate { skill } => commands::validate::run(&skill),
-            Command::Run(args) => commands::run::run(&cli.db, args).await,
+            Command::Run(args) => commands::run::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Tasks => commands::tasks::run(&cli.db).await,
-            Command::Bench(args) => tokio::task::block_in_place(|| commands::bench::run(args)),
-            Command::Show(args) => commands::show::run(&cli.db, args).await,
+            Command::Bench(args) => {
+                tokio::task::block_in_place(|| commands::bench::run(cli.config.as_deref(), args))
+            }
+            Command::Show(args) => commands::show::run(&cli.db, cli.config.as_deref(), args).await,
         }
     });
     match result {

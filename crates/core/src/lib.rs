@@ -3,6 +3,7 @@
 
 pub mod json;
 pub mod output;
+pub mod output_schema;
 pub mod patch;
 pub mod prompt;
 pub mod schema;
@@ -12,6 +13,7 @@ pub mod tool;
 pub mod validate;
 
 pub use output::{ParsedOutput, RawAction, parse_output};
+pub use output_schema::step_output_schema;
 pub use patch::StatePatch;
 pub use prompt::{ContextStrategy, Prompt, PromptInput, Turn, fit_observation, render};
 pub use schema::StateSchema;

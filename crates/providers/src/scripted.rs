@@ -86,6 +86,7 @@ impl ModelProvider for ScriptedModel {
             text: text.clone(),
             usage: None::<Usage>,
             latency: started.elapsed().max(Duration::ZERO),
+            truncated: false,
         })
     }
 
@@ -106,6 +107,7 @@ mod tests {
                 body: String::new(),
             },
             prompt_tokens: 0,
+            output_schema: None,
         }
     }
 

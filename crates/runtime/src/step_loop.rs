@@ -8,9 +8,11 @@ use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
 use skillstate_core::prompt::Turn;
 use skillstate_core::tool::CatalogError;
+use skillstate_core::validate::Document;
 use skillstate_core::{
-    AcceptedStep, Action, ContextStrategy, Prompt, PromptInput, RejectedStep, Rejection, Skill,
-    StepRules, ToolCatalog, ToolSpec, count_tokens, render, validate_step,
+    AcceptedStep, Action, ContextStrategy, Prompt, PromptInput, RejectedStep, Rejection,
+    RejectionKind, Skill, StepRules, ToolCatalog, ToolSpec, count_tokens, render,
+    step_output_schema, validate_step,
 };
 use skillstate_providers::{ModelProvider, ModelRequest};
 use skillstate_store::{
@@ -123,6 +125,8 @@ struct TaskFrame {
     read_only: Vec<String>,
     context: ContextStrategy,
     context_budget: Option<usize>,
+    /// The schema of a whole step answer, for providers that constrain decoding.
+    output_schema: Arc<Value>,
 }
 
 impl TaskFrame {
@@ -135,12 +139,14 @@ impl TaskFrame {
         })?;
         let catalog = ToolCatalog::new(task.tools.clone())?;
         let read_only = skill.schema.declared_read_only_properties();
+        let output_schema = Arc::new(step_output_schema(&skill.schema, catalog.specs()));
         Ok(Self {
             skill,
             catalog,
             read_only,
             context: task.context,
             context_budget: task.context_budget,
+            output_schema,
         })
     }
 
@@ -408,6 +414,7 @@ impl<'a> Runner<'a> {
                 .complete(&ModelRequest {
                     prompt,
                     prompt_tokens,
+                    output_schema: Some(frame.output_schema.clone()),
                 })
                 .await
             {
@@ -423,7 +430,11 @@ impl<'a> Runner<'a> {
                 }
             };
             let latency_ms = started.elapsed().as_millis() as u64;
-            let verdict = validate_step(&rules, state, &response.text);
+            let mut verdict = validate_step(&rules, state, &response.text);
+            if let (true, Err(rejected)) = (response.truncated, &mut verdict) {
+                rejected.rejections.insert(0, truncation_rejection());
+            }
+
             self.observer
                 .attempt(step, attempt, prompt_tokens, verdict.as_ref());
             let mut entry = JournalEntry {
@@ -624,4 +635,16 @@ fn now_millis() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// Fed back when the provider cut the answer off at its token limit.
+fn truncation_rejection() -> Rejection {
+    Rejection {
+        kind: RejectionKind::Parse,
+        document: Document::Output,
+        pointer: String::new(),
+        message:
+            "the answer was cut off at the token limit before it was complete; answer more briefly"
+                .into(),
+    }
 }

@@ -1,10 +1,12 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use skillstate_bench::{BenchConfig, run_bench, write_outputs};
 use skillstate_core::ContextStrategy;
+
+use crate::model::{ModelArgs, build_model, load_config};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -31,9 +33,9 @@ pub struct BenchArgs {
     /// Run the drift scenarios (secret move, secret audit, secret barcode, canceled order).
     #[arg(long)]
     drift: bool,
-    /// The model: `oracle` (reads only the prompt, acts optimally on it) or a model spec.
-    #[arg(long, default_value = "oracle")]
-    model: String,
+    /// The model (default `oracle`: reads only the prompt and acts optimally on it).
+    #[command(flatten)]
+    model: ModelArgs,
     /// Where results.json, report.md and prompt_tokens.svg go.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
@@ -51,7 +53,7 @@ fn parse_strategy(name: &str) -> Result<ContextStrategy, String> {
     })
 }
 
-pub fn run(args: BenchArgs) -> Result<ExitCode> {
+pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
     let skill_dir = args
         .skill
         .clone()
@@ -84,6 +86,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     } else {
         Vec::new()
     };
+    let file_config = load_config(config_path)?;
+    let default_model = args.model.model.is_none().then_some("oracle");
+    let (spec, settings) = args.model.resolve(&file_config, default_model)?;
+    let model = if spec == "oracle" {
+        None
+    } else {
+        Some(build_model(&spec, &settings, Some(&args.environment))?)
+    };
     let config = BenchConfig {
         environment: args.environment.clone(),
         horizons,
@@ -92,7 +102,8 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         budget: args.budget,
         noise: args.noise.clone(),
         drifts,
-        model: args.model.clone(),
+        price: file_config.prices.get(&spec).copied(),
+        model: spec,
         jobs: args.jobs.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -105,7 +116,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let report = run_bench(&skill_dir, &config, &|done, _| {
+    let report = run_bench(&skill_dir, &config, model, &|done, _| {
         bar.set_position(done as u64)
     })
     .with_context(|| format!("bench {}", args.environment))?;

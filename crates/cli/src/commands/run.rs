@@ -1,23 +1,22 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep};
 use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
 use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
 
 use super::{environment_for, load_skill};
+use crate::model::{ModelArgs, build_model, load_config};
 use crate::render::outcome_line;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// The skill directory (holds SKILL.md).
     skill: PathBuf,
-    /// The model: scripted:<file.jsonl>, or `oracle` (the bench policy) for built-in environments.
-    #[arg(long, env = "SKILLSTATE_MODEL")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// What each prompt keeps besides the procedure and tools.
     #[arg(long, default_value = "state", value_parser = parse_context)]
     context: ContextStrategy,
@@ -81,17 +80,17 @@ impl RunObserver for StepPrinter {
     }
 }
 
-pub async fn run(db: &str, args: RunArgs) -> Result<ExitCode> {
+pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<ExitCode> {
     let skill = load_skill(&args.skill)?;
     let mut env = environment_for(&skill, args.input.as_deref())?;
-    let model: Arc<dyn skillstate_providers::ModelProvider> = if args.model == "oracle" {
-        Arc::new(
-            skillstate_envs::oracle::OracleModel::for_environment(env.kind())
-                .context("--model oracle")?,
-        )
-    } else {
-        Arc::from(skillstate_providers::from_spec(&args.model).context("--model")?)
-    };
+    let config = load_config(config_path)?;
+    let (spec, settings) = args.model.resolve(&config, None)?;
+    let kind = skill
+        .settings()
+        .environment
+        .as_ref()
+        .map(|e| e.kind.as_str());
+    let model = build_model(&spec, &settings, kind)?;
     let store = skillstate_store::open(db).await?;
     let options = TaskOptions {
         model: model.spec(),

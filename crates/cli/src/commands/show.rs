@@ -1,14 +1,17 @@
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use skillstate_core::json::{state_hash, text_hash};
 use skillstate_core::{Action, Rejection, count_tokens};
+use skillstate_providers::{Config, Usage};
 use skillstate_runtime::rebuild_prompt;
 use skillstate_store::{IntentRecord, JournalEntry, Store, TaskRecord, Verdict, state_at};
 
+use crate::model::{CONFIG_FILE, load_config};
 use crate::render::{Table, describe_outcome, format_time};
 
 #[derive(clap::Args)]
@@ -26,13 +29,14 @@ pub struct ShowArgs {
     attempt: Option<u32>,
 }
 
-pub async fn run(db: &str, args: ShowArgs) -> Result<ExitCode> {
+pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result<ExitCode> {
+    let config = load_config(config_path)?;
     let store = skillstate_store::open(db).await?;
     let task = store.task(&args.task).await?;
     match (args.step, args.prompt) {
         (Some(step), true) => show_prompt(store.as_ref(), &task, step, args.attempt).await,
         (Some(step), false) => show_state_at(store.as_ref(), &task, step).await,
-        (None, _) => show_task(store.as_ref(), &task).await,
+        (None, _) => show_task(store.as_ref(), &task, &config).await,
     }
 }
 
@@ -94,7 +98,7 @@ async fn show_prompt(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn show_task(store: &dyn Store, task: &TaskRecord) -> Result<ExitCode> {
+async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Result<ExitCode> {
     let journal = store.journal(&task.id).await?;
     let intents: BTreeMap<u64, IntentRecord> = store
         .intents(&task.id)
@@ -130,6 +134,7 @@ async fn show_task(store: &dyn Store, task: &TaskRecord) -> Result<ExitCode> {
         "steps    {} accepted, {rejected} rejected answer(s)",
         task.version
     );
+    println!("tokens   {}", token_summary(&journal, &task.model, config));
     println!(
         "state    version {}, hash {}",
         task.version,
@@ -229,4 +234,41 @@ fn clip(text: &str, max: usize) -> String {
     }
     let kept: String = text.chars().take(max - 1).collect();
     format!("{kept}…")
+}
+
+/// Local counts for every model call, the provider's own figures, and the cost estimate.
+fn token_summary(journal: &[JournalEntry], model: &str, config: &Config) -> String {
+    let prompt: u64 = journal.iter().map(|e| e.prompt_tokens).sum();
+    let output: u64 = journal.iter().map(|e| count_tokens(&e.output) as u64).sum();
+    let mut text = format!("local {prompt} prompt + {output} output (o200k_base)");
+    let reported: Vec<Usage> = journal
+        .iter()
+        .filter_map(|e| {
+            e.usage
+                .as_ref()
+                .and_then(|u| serde_json::from_value::<Usage>(u.clone()).ok())
+        })
+        .collect();
+    if reported.is_empty() {
+        return text + "; the model reported no usage";
+    }
+    let mut total = Usage::default();
+    for usage in &reported {
+        total.add(usage);
+    }
+    text.push_str(&format!("; provider {} in", total.input_tokens));
+    if let Some(cached) = total.cached_input_tokens {
+        text.push_str(&format!(" ({cached} cached)"));
+    }
+    if let Some(written) = total.cache_write_tokens {
+        text.push_str(&format!(" ({written} written to cache)"));
+    }
+    text.push_str(&format!(" + {} out", total.output_tokens));
+    match config.cost(model, &total) {
+        Some(cost) => text.push_str(&format!("; cost ≈ ${cost:.4}")),
+        None => text.push_str(&format!(
+            "; no price for {model} under [prices] in {CONFIG_FILE}"
+        )),
+    }
+    text
 }

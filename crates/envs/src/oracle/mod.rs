@@ -61,6 +61,7 @@ impl ModelProvider for OracleModel {
             text,
             usage: None,
             latency: started.elapsed(),
+            truncated: false,
         })
     }
 }
