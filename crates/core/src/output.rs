@@ -36,7 +36,7 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
         return Err(problem("", format!("the output is empty; {EXPECTED_FORM}")));
     }
     if trimmed.starts_with('{') {
-        return match serde_json::from_str::<Value>(trimmed) {
+        return match parse_json(trimmed) {
             Ok(Value::Object(map)) => from_object(map, None),
             Ok(_) => Err(problem(
                 "",
@@ -56,7 +56,7 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
             format!("found no JSON object and no ```json block; {EXPECTED_FORM}"),
         ));
     };
-    match serde_json::from_str::<Value>(block.trim()) {
+    match parse_json(block.trim()) {
         Ok(Value::Object(map)) => from_object(map, Some(before.trim().to_owned())),
         Ok(_) => Err(problem(
             "",
@@ -132,6 +132,41 @@ fn parse_action(action: Value) -> Result<RawAction, ParseProblem> {
     Ok(RawAction { tool, args })
 }
 
+/// Parses JSON, tolerating raw control characters inside strings (some constrained decoders,
+/// llama.cpp's among them, let a literal newline into a string); they are escaped and the text
+/// parsed again. The original error is kept when that does not help either.
+fn parse_json(text: &str) -> Result<Value, serde_json::Error> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) => Ok(value),
+        Err(error) => match escape_controls_in_strings(text) {
+            Some(escaped) => serde_json::from_str::<Value>(&escaped).map_err(|_| error),
+            None => Err(error),
+        },
+    }
+}
+
+/// `text` with control characters inside string literals escaped, or `None` if it has none.
+fn escape_controls_in_strings(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut changed = false;
+    for c in text.chars() {
+        if in_string && !escaped && (c as u32) < 0x20 {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+            changed = true;
+            continue;
+        }
+        match c {
+            '"' if !escaped => in_string = !in_string,
+            _ => {}
+        }
+        escaped = in_string && c == '\\' && !escaped;
+        out.push(c);
+    }
+    changed.then_some(out)
+}
+
 /// The contents of the last fenced code block and the text before it.
 fn last_fenced_block(text: &str) -> Option<(&str, &str)> {
     let close = text.rfind("```")?;
@@ -177,6 +212,13 @@ mod tests {
             "The order is for item_3, which sits on shelf_9."
         );
         assert_eq!(out.action.args, json!({}));
+    }
+
+    #[test]
+    fn tolerates_raw_control_characters_inside_strings() {
+        let out = parse_output("{\"reasoning\": \"line one\nline two\\\"\tq\", \"state_patch\": {}, \"action\": {\"tool\": \"wait\"}}").unwrap();
+        assert_eq!(out.reasoning, "line one\nline two\"\tq");
+        assert!(parse_output("{\"reasoning\": \"x\"\n,}").is_err());
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub fn step_output_schema(state: &StateSchema, tools: &[ToolSpec]) -> Value {
     json!({
         "type": "object",
         "properties": {
-            "reasoning": {"type": "string", "description": "Brief reasoning; it is stored, never shown again."},
+            "reasoning": {"type": "string", "maxLength": 400, "description": "Brief reasoning; it is stored, never shown again."},
+
             "state_patch": patch,
             "action": {"anyOf": branches},
         },

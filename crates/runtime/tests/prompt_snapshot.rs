@@ -95,3 +95,25 @@ fn long_observations_are_cut_and_retries_carry_errors() {
     assert!(prompt.body.contains("[observation truncated: first 40 of"));
     insta::assert_snapshot!("state_prompt_truncated_with_retry_body", prompt.body);
 }
+
+/// The schema constrained decoding uses for the warehouse skill: reasoning first, the
+/// inventory as an optional, nullable merge patch without the read-only shelf count, and one
+/// action branch per tool.
+#[test]
+fn derived_step_schema_for_the_warehouse() {
+    let skill = warehouse_skill(7, 10);
+    let env = warehouse(7, 10);
+    let catalog = ToolCatalog::new(env.tools().iter().map(|t| t.spec().clone()).collect()).unwrap();
+    let schema = skillstate_core::step_output_schema(&skill.schema, catalog.specs());
+    insta::assert_snapshot!(
+        "warehouse_step_schema",
+        serde_json::to_string_pretty(&schema).unwrap()
+    );
+    let validator = jsonschema::draft202012::new(&schema).unwrap();
+    for answer in correct_answers(7, 10) {
+        let value: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert!(validator.is_valid(&value), "{answer}");
+    }
+    let writes_read_only = json!({"reasoning": "", "state_patch": {"shelf_count": 1}, "action": {"tool": "wait", "args": {}}});
+    assert!(!validator.is_valid(&writes_read_only));
+}

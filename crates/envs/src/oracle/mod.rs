@@ -14,7 +14,18 @@ use skillstate_providers::{ModelProvider, ModelRequest, ModelResponse, ProviderE
 
 pub use view::{PromptView, TurnView, read_prompt};
 
+/// The oracle's answer to a rendered prompt for environment `kind` (`None` if it has no
+/// oracle). Useful to stand in for a model behind any interface, e.g. a fake API server.
+pub fn answer(kind: &str, prompt: &str) -> Option<String> {
+    match kind {
+        crate::warehouse::KIND => Some(warehouse::answer(prompt)),
+        crate::repository::KIND => Some(repository::answer(prompt)),
+        _ => None,
+    }
+}
+
 /// The environments that have an oracle.
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Warehouse,
