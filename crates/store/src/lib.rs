@@ -51,7 +51,10 @@ pub enum StoreError {
         step: u64,
         message: String,
     },
+    #[error("task {task}: the journal before step {step} was compacted by `skillstate gc`; that state is no longer kept")]
+    Compacted { task: String, step: u64 },
     #[error("task {task}: step {step} does not exist (the task has {version} accepted steps)")]
+
     NoSuchStep {
         task: String,
         step: u64,
@@ -94,8 +97,9 @@ pub trait Store: Send + Sync {
     /// Every recorded observation as `(step, text)`, in step order.
     async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>>;
     async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>>;
-    /// The latest snapshot at or before `step`, as `(step, state)`.
-    async fn snapshot_before(&self, task: &str, step: u64) -> Result<(u64, Value)>;
+    /// The latest snapshot at or before `step`, as `(step, state)`; `None` when gc compacted
+    /// everything up to there away.
+    async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>>;
     /// `(step, patch, state_hash)` of accepted steps in `from..=to`, in order.
     async fn accepted_patches(
         &self,
@@ -103,6 +107,45 @@ pub trait Store: Send + Sync {
         from: u64,
         to: u64,
     ) -> Result<Vec<(u64, Value, String)>>;
+    /// Creates a task that continues `parent` after its step `step`: same skill, tools,
+    /// context and model; `state` at version `step`; the parent's journal, observations,
+    /// intents and snapshots up to that step copied; the parent and step recorded. One
+    /// transaction.
+    async fn fork_task(
+        &self,
+        parent: &str,
+        step: u64,
+        state: &Value,
+        env_checkpoint: Option<&Value>,
+    ) -> Result<TaskRecord>;
+    /// Stores `state_before` (the state after step `keep_from - 1`) as a snapshot, then drops
+    /// the journal, observation and intent rows of earlier steps and the older snapshots. One
+    /// transaction. Returns the number of rows deleted.
+    async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64>;
+    /// Deletes a task and everything it owns.
+    async fn delete_task(&self, task: &str) -> Result<()>;
+    /// Bytes the task occupies, by kind.
+    async fn storage_stats(&self, task: &str) -> Result<StorageStats>;
+}
+
+/// What a task occupies in the store, in bytes of stored text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct StorageStats {
+    /// Accepted steps.
+    pub steps: u64,
+    /// Journal rows (answers, patches, actions, errors, hashes, usage).
+    pub journal_bytes: u64,
+    /// Action intents and their results.
+    pub intent_bytes: u64,
+    pub observation_bytes: u64,
+    pub snapshot_bytes: u64,
+}
+
+impl StorageStats {
+    /// Journal and intent bytes per accepted step, observations excluded.
+    pub fn journal_bytes_per_step(&self) -> f64 {
+        (self.journal_bytes + self.intent_bytes) as f64 / self.steps.max(1) as f64
+    }
 }
 
 /// Opens the store named by `location`: a file path, `sqlite://path` or `sqlite::memory:`.

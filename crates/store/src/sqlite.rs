@@ -15,7 +15,7 @@ use sqlx::{Row, SqlitePool};
 
 use crate::migrate::migrate_sqlite;
 use crate::model::*;
-use crate::{DEFAULT_SNAPSHOT_EVERY, Result, Store, StoreError, now_millis};
+use crate::{DEFAULT_SNAPSHOT_EVERY, Result, StorageStats, Store, StoreError, now_millis};
 
 /// How hard SQLite syncs on commit. `Full` survives power loss; `Normal` in WAL mode survives
 /// process crashes (the last transactions may be lost on power loss).
@@ -489,21 +489,19 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn snapshot_before(&self, task: &str, step: u64) -> Result<(u64, Value)> {
+    async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>> {
         let row = sqlx::query("SELECT step, state FROM snapshots WHERE task_id = ? AND step <= ? ORDER BY step DESC LIMIT 1")
             .bind(task)
             .bind(step as i64)
             .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt {
-                task: task.to_owned(),
-                step: 0,
-                message: "the initial state snapshot is missing".into(),
-            })?;
-        Ok((
-            row.try_get::<i64, _>("step")? as u64,
-            decode("snapshot", &row.try_get::<String, _>("state")?)?,
-        ))
+            .await?;
+        row.map(|row| {
+            Ok((
+                row.try_get::<i64, _>("step")? as u64,
+                decode("snapshot", &row.try_get::<String, _>("state")?)?,
+            ))
+        })
+        .transpose()
     }
 
     async fn accepted_patches(
@@ -540,5 +538,121 @@ impl Store for SqliteStore {
                 ))
             })
             .collect()
+    }
+
+    async fn fork_task(&self, parent: &str, step: u64, state: &Value, env_checkpoint: Option<&Value>) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let at = step as i64;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let created = sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at) \
+             SELECT ?, skill_name, skill, tools, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ? FROM tasks WHERE id = ? AND version >= ?",
+        )
+        .bind(&id)
+        .bind(env_checkpoint.map(to_json))
+        .bind(to_json(state))
+        .bind(at)
+        .bind(at)
+        .bind(now)
+        .bind(now)
+        .bind(parent)
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
+        if created.rows_affected() != 1 {
+            drop(tx);
+            let version = self.current_version(parent).await?;
+            return Err(StoreError::NoSuchStep { task: parent.to_owned(), step, version });
+        }
+        for sql in [
+            "INSERT INTO journal SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = ? AND step <= ?",
+            "INSERT INTO intents SELECT ?, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = ? AND step <= ?",
+            "INSERT INTO snapshots SELECT ?, step, state, state_hash FROM snapshots WHERE task_id = ? AND step <= ?",
+        ] {
+            sqlx::query(sql).bind(&id).bind(parent).bind(at).execute(&mut *tx).await?;
+        }
+        sqlx::query("INSERT INTO observations SELECT ?, step, text FROM observations WHERE task_id = ? AND step <= ?")
+            .bind(&id)
+            .bind(parent)
+            .bind(at + 1)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT OR REPLACE INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)")
+            .bind(&id)
+            .bind(at)
+            .bind(to_json(state))
+            .bind(state_hash(state))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.task(&id).await
+    }
+
+    async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64> {
+        let base = keep_from.saturating_sub(1) as i64;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT OR REPLACE INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)")
+            .bind(task)
+            .bind(base)
+            .bind(to_json(state_before))
+            .bind(state_hash(state_before))
+            .execute(&mut *tx)
+            .await?;
+        let mut deleted = 0;
+        for sql in [
+            "DELETE FROM journal WHERE task_id = ? AND step < ?",
+            "DELETE FROM intents WHERE task_id = ? AND step < ?",
+            "DELETE FROM observations WHERE task_id = ? AND step < ?",
+        ] {
+            deleted += sqlx::query(sql).bind(task).bind(keep_from as i64).execute(&mut *tx).await?.rows_affected();
+        }
+        deleted += sqlx::query("DELETE FROM snapshots WHERE task_id = ? AND step < ?")
+            .bind(task)
+            .bind(base)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn delete_task(&self, task: &str) -> Result<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        // Forks keep their own copies; only the link to the parent goes.
+        sqlx::query("UPDATE tasks SET parent_task = NULL WHERE parent_task = ?")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        let deleted = sqlx::query("DELETE FROM tasks WHERE id = ?").bind(task).execute(&mut *tx).await?;
+        if deleted.rows_affected() == 0 {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn storage_stats(&self, task: &str) -> Result<StorageStats> {
+        let bytes = |sql: &'static str| {
+            let pool = self.pool.clone();
+            let task = task.to_owned();
+            async move {
+                let value: Option<i64> = sqlx::query_scalar(sql).bind(task).fetch_one(&pool).await?;
+                Ok::<u64, StoreError>(value.unwrap_or(0) as u64)
+            }
+        };
+        Ok(StorageStats {
+            steps: self.current_version(task).await?,
+            journal_bytes: bytes(
+                "SELECT SUM(LENGTH(CAST(task_id AS BLOB)) + 8 + 4 + LENGTH(CAST(verdict AS BLOB)) + LENGTH(CAST(output AS BLOB)) + COALESCE(LENGTH(CAST(patch AS BLOB)), 0) + COALESCE(LENGTH(CAST(action AS BLOB)), 0) + COALESCE(LENGTH(CAST(errors AS BLOB)), 0) + COALESCE(LENGTH(CAST(state_hash AS BLOB)), 0) + 8 + LENGTH(CAST(prompt_hash AS BLOB)) + COALESCE(LENGTH(CAST(usage AS BLOB)), 0) + 16) FROM journal WHERE task_id = ?",
+            )
+            .await?,
+            intent_bytes: bytes(
+                "SELECT SUM(LENGTH(CAST(task_id AS BLOB)) + 8 + LENGTH(CAST(tool AS BLOB)) + LENGTH(CAST(args AS BLOB)) + LENGTH(CAST(idempotency_key AS BLOB)) + LENGTH(CAST(side_effect AS BLOB)) + LENGTH(CAST(status AS BLOB)) + 8 + COALESCE(LENGTH(CAST(result AS BLOB)), 0) + 16) FROM intents WHERE task_id = ?",
+            )
+            .await?,
+            observation_bytes: bytes("SELECT SUM(LENGTH(CAST(text AS BLOB))) FROM observations WHERE task_id = ?").await?,
+            snapshot_bytes: bytes("SELECT SUM(LENGTH(CAST(state AS BLOB)) + LENGTH(CAST(state_hash AS BLOB))) FROM snapshots WHERE task_id = ?").await?,
+        })
     }
 }
