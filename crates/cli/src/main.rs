@@ -35,6 +35,14 @@ enum Command {
     },
     /// Start a task for a skill and run it to the end.
     Run(commands::run::RunArgs),
+    /// Continue a task after a crash, a kill or a reboot.
+    Resume(commands::lineage::ResumeArgs),
+    /// Start a new task from the state after a step of another; the original is untouched.
+    Fork(commands::lineage::ForkArgs),
+    /// Re-derive every state from the journal and check every recorded hash.
+    Replay(commands::lineage::ReplayArgs),
+    /// Retention: compact journals and delete old finished tasks.
+    Gc(commands::lineage::GcArgs),
     /// Compare context strategies on a skill's environment (offline with the oracle model).
     Bench(commands::bench::BenchArgs),
     /// List the tasks in the database.
@@ -67,6 +75,12 @@ fn main() -> ExitCode {
             Command::Validate { skill } => commands::validate::run(&skill),
             Command::Run(args) => commands::run::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Tasks => commands::tasks::run(&cli.db).await,
+            Command::Resume(args) => {
+                commands::lineage::resume(&cli.db, cli.config.as_deref(), args).await
+            }
+            Command::Fork(args) => commands::lineage::fork(&cli.db, args).await,
+            Command::Replay(args) => commands::lineage::replay(&cli.db, args).await,
+            Command::Gc(args) => commands::lineage::gc(&cli.db, args).await,
             Command::Bench(args) => {
                 tokio::task::block_in_place(|| commands::bench::run(cli.config.as_deref(), args))
             }

@@ -44,6 +44,18 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// An optional free-form string (a path, a name).
+    pub fn optional_text(&mut self, key: &'static str) -> Result<Option<String>, EnvironmentError> {
+        self.known.push(key);
+        match self.map.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
+            Some(other) => Err(self.error(format!(
+                "[environment] {key} = {other} must be a non-empty string"
+            ))),
+        }
+    }
+
     pub fn string(
         &mut self,
         key: &'static str,

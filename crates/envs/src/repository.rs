@@ -510,6 +510,10 @@ impl Environment for Repository {
         serde_json::to_value(&*lock(&self.repo)).unwrap_or(Value::Null)
     }
 
+    fn replayable(&self) -> bool {
+        true
+    }
+
     fn restore(&mut self, checkpoint: &Value) -> Result<(), EnvironmentError> {
         let restored: Repo =
             serde_json::from_value(checkpoint.clone()).map_err(|e| EnvironmentError::Restore {

@@ -19,7 +19,9 @@ use skillstate_store::{
     ActionResult, JournalEntry, NewIntent, NewTask, StepCommit, Store, StoreError, TaskRecord,
     TaskStatus, Verdict, state_at,
 };
-use skillstate_tools::{CallContext, Environment, EnvironmentError, Tool, ToolOutput, find_tool};
+use skillstate_tools::{
+    CallContext, Environment, EnvironmentError, Tool, ToolOutput, failpoint, find_tool,
+};
 
 use crate::select::{SelectError, select_tools};
 
@@ -409,6 +411,7 @@ impl<'a> Runner<'a> {
             let text = prompt.text();
             let prompt_tokens = count_tokens(&text);
             let started = Instant::now();
+            failpoint("before_model");
             let response = match self
                 .model
                 .complete(&ModelRequest {
@@ -430,6 +433,7 @@ impl<'a> Runner<'a> {
                 }
             };
             let latency_ms = started.elapsed().as_millis() as u64;
+            failpoint("after_model");
             let mut verdict = validate_step(&rules, state, &response.text);
             if let (true, Err(rejected)) = (response.truncated, &mut verdict) {
                 rejected.rejections.insert(0, truncation_rejection());
@@ -544,6 +548,7 @@ impl<'a> Runner<'a> {
             status: status.clone(),
         };
         self.store.commit_step(task, *version, &commit).await?;
+        failpoint("after_commit");
         *state = accepted.new_state;
         *version = step;
         if status.is_some() {
@@ -552,6 +557,7 @@ impl<'a> Runner<'a> {
         let mut result = None;
         if let Action::Tool { name, args } = &accepted.action {
             let output = self.execute(task, step, name, args, env_tools).await;
+            failpoint("after_tool");
             result = Some(output.text.clone());
             self.record_result(task, step, output).await?;
         }

@@ -92,6 +92,48 @@ pub trait Environment: Send + Sync {
     /// Everything needed to continue this world in another process.
     fn checkpoint(&self) -> Value;
     fn restore(&mut self, checkpoint: &Value) -> Result<(), EnvironmentError>;
+    /// Whether replaying recorded actions in a fresh instance reproduces the world exactly
+    /// (simulations). Only then can a fork rebuild the world as it was at an earlier step.
+    fn replayable(&self) -> bool {
+        false
+    }
+}
+
+/// Name of the environment variable that arms a failpoint: `NAME:N` kills this process with
+/// SIGKILL the N-th time the failpoint NAME is reached (1-based). For crash testing only.
+pub const FAILPOINT_ENV: &str = "SKILLSTATE_FAILPOINT";
+
+/// Dies by SIGKILL here if `SKILLSTATE_FAILPOINT` names this point and its hit count is due.
+/// Crash tests use it to stop a real process at an exact point (before the model call, after
+/// the commit, inside a tool, ...) without any cooperation from the code around it.
+pub fn failpoint(name: &str) {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static ARMED: Mutex<Option<Option<(String, u64)>>> = Mutex::new(None);
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let armed = {
+        let mut guard = ARMED.lock().unwrap_or_else(|p| p.into_inner());
+        guard
+            .get_or_insert_with(|| {
+                let spec = std::env::var(FAILPOINT_ENV).ok()?;
+                let (point, count) = spec.split_once(':')?;
+                Some((point.to_owned(), count.parse().ok()?))
+            })
+            .clone()
+    };
+    let Some((point, count)) = armed else {
+        return;
+    };
+    if point != name || HITS.fetch_add(1, Ordering::SeqCst) + 1 != count {
+        return;
+    }
+    // A real SIGKILL, as an operator's `kill -9` or the OOM killer would send.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &std::process::id().to_string()])
+        .status();
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
 }
 
 /// Finds the tool named `name` among `tools`.

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod lineage;
 pub mod run;
 pub mod show;
 pub mod tasks;

@@ -36,6 +36,10 @@ pub struct WarehouseConfig {
     pub noise: u32,
     #[serde(default)]
     pub drift: Option<Drift>,
+    /// A file that every executed store/ship/move appends one line to (idempotency key, tool,
+    /// arguments, outcome), synced before the tool returns: an external record of side effects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<String>,
 }
 
 impl WarehouseConfig {
@@ -46,6 +50,7 @@ impl WarehouseConfig {
             shelves: 500,
             noise: 0,
             drift: None,
+            audit_log: None,
         }
     }
 
@@ -60,6 +65,7 @@ impl WarehouseConfig {
             shelves: p.u64("shelves", 500, 2, 100_000)? as u32,
             noise: p.u64("noise", 0, 0, 1000)? as u32,
             drift: Drift::parse(&p.string("drift", "none", &drift_names)?),
+            audit_log: p.optional_text("audit_log")?,
         };
         p.finish()?;
         Ok(config)
@@ -351,7 +357,7 @@ impl Tool for WarehouseTool {
         &self.spec
     }
 
-    async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let mut world = lock(&self.world);
         let result = match self.op {
             Op::Store => world.store(arg(args, "item"), arg(args, "shelf")),
@@ -361,11 +367,37 @@ impl Tool for WarehouseTool {
         };
         let ok = result.is_ok();
         world.last_action = Some((self.spec.name.clone(), args.clone(), ok));
+        if self.op != Op::Wait
+            && let Some(path) = &world.config.audit_log
+        {
+            append_audit(
+                path,
+                &format!(
+                    "{}\t{}\t{args}\t{ok}\n",
+                    ctx.idempotency_key, self.spec.name
+                ),
+            )
+            .map_err(|e| ToolError::Failed {
+                tool: self.spec.name.clone(),
+                message: format!("cannot write the audit log {path}: {e}"),
+            })?;
+            skillstate_tools::failpoint("in_tool");
+        }
         Ok(match result {
             Ok(text) => ToolOutput::success(text),
             Err(text) => ToolOutput::failure(text),
         })
     }
+}
+
+fn append_audit(path: &str, line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    file.write_all(line.as_bytes())?;
+    file.sync_data()
 }
 
 fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
@@ -468,6 +500,10 @@ impl Environment for Warehouse {
 
     fn checkpoint(&self) -> Value {
         serde_json::to_value(&*lock(&self.world)).unwrap_or(Value::Null)
+    }
+
+    fn replayable(&self) -> bool {
+        true
     }
 
     fn restore(&mut self, checkpoint: &Value) -> Result<(), EnvironmentError> {
