@@ -1,0 +1,160 @@
+//! `replay`, `fork`, `gc` and storage size on real databases, through the CLI.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use skillstate_store::Store;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn only_task(db: &Path) -> String {
+    let tasks = skillstate(db, &["tasks"]);
+    text(&tasks.stdout)
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn replay_names_the_first_corrupted_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    let (skill, script) = warehouse_copy(tmp.path(), 5, 30);
+    let run = skillstate(
+        &db,
+        &[
+            "run",
+            skill.to_str().unwrap(),
+            "--model",
+            &format!("scripted:{}", script.display()),
+            "-q",
+        ],
+    );
+    assert!(run.status.success());
+    let id = only_task(&db);
+    let ok = skillstate(&db, &["replay", &id]);
+    assert!(ok.status.success());
+    assert!(
+        text(&ok.stdout).contains("re-derived 30 step(s)"),
+        "{}",
+        text(&ok.stdout)
+    );
+
+    let store = skillstate_store::SqliteStore::open(
+        db.to_str().unwrap(),
+        skillstate_store::Synchronous::Full,
+    )
+    .await
+    .unwrap();
+    sqlx::query("UPDATE journal SET patch = '{\"inventory\": {\"shelf_1\": \"item_1\"}}' WHERE task_id = ? AND step = 17 AND verdict = 'accepted'")
+        .bind(&id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    drop(store);
+    let bad = skillstate(&db, &["replay", &id]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stdout).contains("journal mismatch at step 17"),
+        "{}",
+        text(&bad.stdout)
+    );
+}
+
+#[tokio::test]
+async fn fork_gc_and_storage_per_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    let (skill, script) = warehouse_copy(tmp.path(), 9, 200);
+    let run = skillstate(
+        &db,
+        &[
+            "run",
+            skill.to_str().unwrap(),
+            "--model",
+            &format!("scripted:{}", script.display()),
+            "-q",
+        ],
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let id = only_task(&db);
+
+    let store = skillstate_store::open(db.to_str().unwrap()).await.unwrap();
+    let stats = store.storage_stats(&id).await.unwrap();
+    eprintln!(
+        "sqlite storage after 200 warehouse steps: {stats:?}, {:.0} journal bytes/step",
+        stats.journal_bytes_per_step()
+    );
+    assert_eq!(stats.steps, 200);
+    assert!(stats.journal_bytes_per_step() <= 1024.0, "{stats:?}");
+    let parent = store.task(&id).await.unwrap();
+    drop(store);
+
+    // A fork continues from step 120 with its own history; the parent is untouched.
+    let fork = skillstate(&db, &["fork", &id, "--step", "120"]);
+    assert!(fork.status.success(), "{}", text(&fork.stderr));
+    let fork_id = text(&fork.stdout).trim().to_owned();
+    let resumed = skillstate(&db, &["resume", &fork_id]);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    assert!(
+        text(&resumed.stdout).contains("completed after 200 step(s)")
+            && text(&resumed.stdout).contains("score 1.00"),
+        "{}",
+        text(&resumed.stdout)
+    );
+    let store = skillstate_store::open(db.to_str().unwrap()).await.unwrap();
+    let forked = store.task(&fork_id).await.unwrap();
+    assert_eq!(forked.parent, Some((id.clone(), 120)));
+    assert_eq!(
+        forked.state, parent.state,
+        "the same script from step 120 reaches the same state"
+    );
+    assert_eq!(store.task(&id).await.unwrap(), parent);
+    drop(store);
+
+    // gc: compaction keeps the last steps rebuildable and drops the rest.
+    let gc = skillstate(&db, &["gc", "--keep-last", "50"]);
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(
+        text(&gc.stdout).contains("compact 2 journal(s)"),
+        "{}",
+        text(&gc.stdout)
+    );
+    let late = skillstate(&db, &["show", &id, "--step", "180"]);
+    assert!(late.status.success());
+    let early = skillstate(&db, &["show", &id, "--step", "10"]);
+    assert_eq!(early.status.code(), Some(1));
+    assert!(
+        text(&early.stderr).contains("compacted"),
+        "{}",
+        text(&early.stderr)
+    );
+    assert!(skillstate(&db, &["replay", &id]).status.success());
+    let store = skillstate_store::open(db.to_str().unwrap()).await.unwrap();
+    assert!(store.storage_stats(&id).await.unwrap().journal_bytes < stats.journal_bytes / 3);
+    drop(store);
+
+    // Deleting old finished tasks.
+    let kept = skillstate(&db, &["gc", "--older-than", "1d"]);
+    assert!(
+        text(&kept.stdout).contains("delete 0 task(s)"),
+        "{}",
+        text(&kept.stdout)
+    );
+    let all = skillstate(&db, &["gc", "--older-than", "0s"]);
+    assert!(
+        text(&all.stdout).contains("did delete 2 task(s)"),
+        "{}",
+        text(&all.stdout)
+    );
+    assert!(text(&skillstate(&db, &["tasks"]).stdout).contains("no tasks"));
+}
