@@ -37,6 +37,10 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Continue a task after a crash, a kill or a reboot.
     Resume(commands::lineage::ResumeArgs),
+    /// Tasks waiting for a human (an `ask_user` question, an action of unknown outcome).
+    Pending,
+    /// Answer a waiting task and run it on.
+    Reply(commands::lineage::ReplyArgs),
     /// Start a new task from the state after a step of another; the original is untouched.
     Fork(commands::lineage::ForkArgs),
     /// Re-derive every state from the journal and check every recorded hash.
@@ -79,6 +83,10 @@ fn main() -> ExitCode {
                 commands::lineage::resume(&cli.db, cli.config.as_deref(), args).await
             }
             Command::Fork(args) => commands::lineage::fork(&cli.db, args).await,
+            Command::Pending => commands::lineage::pending(&cli.db).await,
+            Command::Reply(args) => {
+                commands::lineage::reply(&cli.db, cli.config.as_deref(), args).await
+            }
             Command::Replay(args) => commands::lineage::replay(&cli.db, args).await,
             Command::Gc(args) => commands::lineage::gc(&cli.db, args).await,
             Command::Bench(args) => {

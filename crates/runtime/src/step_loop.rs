@@ -7,6 +7,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
 use skillstate_core::prompt::Turn;
+use skillstate_core::skill::UnknownOutcome;
 use skillstate_core::tool::CatalogError;
 use skillstate_core::validate::Document;
 use skillstate_core::{
@@ -311,9 +312,12 @@ impl<'a> Runner<'a> {
         let journal = self.store.journal(&task.id).await?;
         self.model.skip_calls(journal.len());
 
-        if task.status == TaskStatus::Running {
-            self.settle_pending_intent(&task.id, task.version, &env_tools)
-                .await?;
+        let unknown = frame.skill.settings().run.on_unknown_outcome;
+        if task.status == TaskStatus::Running
+            && !self
+                .settle_pending_intent(&task.id, task.version, &env_tools, unknown)
+                .await?
+        {
             let mut turns = if task.context.uses_turns() {
                 load_turns(self.store.as_ref(), &task.id, task.version).await?
             } else {
@@ -533,8 +537,15 @@ impl<'a> Runner<'a> {
                     Some(json!({"reason": "finish", "result": result})),
                 )),
             ),
+            // The question is an intent too: `reply` records the answer as its result, so a
+            // pause survives restarts like any other action in flight.
             Action::AskUser { question } => (
-                None,
+                Some(NewIntent {
+                    tool: skillstate_core::tool::ASK_USER.to_owned(),
+                    args: json!({"question": question}),
+                    idempotency_key: CallContext::new(task, step).idempotency_key,
+                    side_effect: "read_only".to_owned(),
+                }),
                 Some((
                     TaskStatus::AwaitingInput,
                     Some(json!({"reason": "ask_user", "question": question})),
@@ -610,29 +621,78 @@ impl<'a> Runner<'a> {
     /// After a crash between committing a step and recording its action's result, the intent
     /// is pending. Read-only and idempotent tools run again (same idempotency key); anything
     /// else is never repeated blindly: the model is told the outcome is unknown.
+    /// Returns `true` when the task paused for a human instead.
     async fn settle_pending_intent(
         &mut self,
         task: &str,
         version: u64,
         env_tools: &[Arc<dyn Tool>],
-    ) -> Result<(), RuntimeError> {
+        unknown: UnknownOutcome,
+    ) -> Result<bool, RuntimeError> {
         if version == 0 || self.store.observation(task, version + 1).await?.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let intents = self.store.intents(task).await?;
         let Some(intent) = intents.iter().find(|i| i.step == version && !i.done) else {
-            return Ok(());
+            return Ok(false);
         };
         let output = if intent.side_effect == "read_only" || intent.side_effect == "idempotent" {
             self.execute(task, version, &intent.tool, &intent.args, env_tools)
                 .await
+        } else if unknown == UnknownOutcome::Ask {
+            let question = format!(
+                "The runtime stopped while `{}` with args {} (step {}) was running, so it may or may not have taken effect. What happened?",
+                intent.tool, intent.args, intent.step
+            );
+            let outcome =
+                json!({"reason": "unknown_outcome", "question": question, "step": intent.step});
+            self.store
+                .set_status(task, TaskStatus::AwaitingInput, Some(&outcome))
+                .await?;
+            return Ok(true);
         } else {
             ToolOutput::failure(format!(
                 "Outcome unknown: the runtime stopped while `{}` with args {} (step {}) was running, so it may or may not have taken effect. Check before repeating it.",
                 intent.tool, intent.args, intent.step
             ))
         };
-        self.record_result(task, version, output).await
+        self.record_result(task, version, output).await?;
+        Ok(false)
+    }
+
+    /// Answers a paused task — an `ask_user` question or an action whose outcome is unknown —
+    /// and runs it on: the answer becomes the paused action's result and opens the next step.
+    pub async fn reply(&mut self, task_id: &str, answer: &str) -> Result<RunOutcome, RuntimeError> {
+        let task = self.store.task(task_id).await?;
+        let pending = self
+            .store
+            .intents(&task.id)
+            .await?
+            .into_iter()
+            .find(|i| i.step == task.version && !i.done);
+        let (TaskStatus::AwaitingInput, Some(intent)) = (task.status, pending) else {
+            return Err(RuntimeError::StoredTask {
+                task: task.id.clone(),
+                message: format!("it is {}, not waiting for an answer", task.status.as_str()),
+            });
+        };
+        if let Some(checkpoint) = &task.env_checkpoint {
+            self.env.restore(checkpoint)?;
+        }
+        let text = if intent.tool == skillstate_core::tool::ASK_USER {
+            format!("The user answered: {answer}")
+        } else {
+            format!(
+                "A human reported on `{}` (step {}): {answer}",
+                intent.tool, intent.step
+            )
+        };
+        self.record_result(&task.id, intent.step, ToolOutput::success(text))
+            .await?;
+        self.store
+            .set_status(&task.id, TaskStatus::Running, None)
+            .await?;
+        self.run(&task.id).await
     }
 }
 

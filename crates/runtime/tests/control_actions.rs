@@ -84,11 +84,14 @@ async fn ask_user_pauses_the_task() {
     let (store, _) = sqlite_store(tmp.path()).await;
     let skill = notes_skill(10);
     let mut env = UserRequest::new("Remember something.");
-    let model = scripted(vec![answer(
-        json!({}),
-        "ask_user",
-        json!({"question": "Remember what?"}),
-    )]);
+    let model = scripted(vec![
+        answer(json!({}), "ask_user", json!({"question": "Remember what?"})),
+        answer(
+            json!({"notes": ["eggs"]}),
+            "finish",
+            json!({"result": "noted"}),
+        ),
+    ]);
     let task = start_task(
         store.as_ref(),
         &skill,
@@ -103,6 +106,29 @@ async fn ask_user_pauses_the_task() {
         .unwrap();
     assert_eq!(outcome.status, TaskStatus::AwaitingInput);
     assert_eq!(outcome.outcome.unwrap()["question"], "Remember what?");
+    // The pause survives a restart: a new runner (a new process) answers it.
+    let mut env = UserRequest::new("Remember something.");
+    let model = scripted(vec![
+        answer(json!({}), "ask_user", json!({"question": "Remember what?"})),
+        answer(
+            json!({"notes": ["eggs"]}),
+            "finish",
+            json!({"result": "noted"}),
+        ),
+    ]);
+    let resumed = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
+        .reply(&task.id, "eggs")
+        .await
+        .unwrap();
+    assert_eq!(resumed.status, TaskStatus::Completed);
+    assert_eq!(
+        store.observation(&task.id, 2).await.unwrap().as_deref(),
+        Some("The user answered: eggs")
+    );
+    assert_eq!(
+        store.task(&task.id).await.unwrap().state,
+        json!({"notes": ["eggs"]})
+    );
 }
 
 #[tokio::test]
@@ -283,6 +309,48 @@ async fn after_a_crash_an_effectful_action_is_not_repeated_blindly() {
     assert_eq!(calls, 0, "the effectful tool must not run again");
     assert!(observation.starts_with("Outcome unknown"), "{observation}");
     assert!(observation.contains("charge"));
+}
+
+#[tokio::test]
+async fn a_skill_can_ask_a_human_about_an_unknown_outcome() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _) = sqlite_store(tmp.path()).await;
+    let task = crash_after_commit(store.clone(), SideEffect::Effectful).await;
+    // Switch the frozen skill to `on_unknown_outcome = "ask"`, as if it had been written so.
+    sqlx::query("UPDATE tasks SET skill = json_set(skill, '$.settings.run.on_unknown_outcome', 'ask') WHERE id = ?")
+        .bind(&task)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let model = scripted(vec![String::new(), answer(json!({}), "finish", json!({}))]);
+    let mut env = Till::new(SideEffect::Effectful, calls.clone());
+    let paused = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(paused.status, TaskStatus::AwaitingInput);
+    assert!(
+        paused.outcome.unwrap()["question"]
+            .as_str()
+            .unwrap()
+            .contains("`charge`")
+    );
+    let done = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
+        .reply(&task, "the card was charged once")
+        .await
+        .unwrap();
+    assert_eq!(done.status, TaskStatus::Completed);
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "never re-run blindly"
+    );
+    let observation = store.observation(&task, 2).await.unwrap().unwrap();
+    assert_eq!(
+        observation,
+        "A human reported on `charge` (step 1): the card was charged once"
+    );
 }
 
 #[tokio::test]

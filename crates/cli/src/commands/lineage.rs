@@ -2,9 +2,11 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use skillstate_core::skill::EnvironmentSettings;
+use skillstate_providers::ModelProvider;
 use skillstate_runtime::{NoProgress, Runner, fork_task, verify_journal};
 use skillstate_store::{TaskRecord, TaskStatus, state_at};
 use skillstate_tools::{Environment, UserRequest};
@@ -28,6 +30,90 @@ fn environment_of(task: &TaskRecord, for_replay: bool) -> Result<Box<dyn Environ
     }
 }
 
+/// The model (the task's own unless overridden) and the world a stored task continues with.
+fn model_and_world(
+    task: &TaskRecord,
+    config_path: Option<&Path>,
+    model_args: &ModelArgs,
+) -> Result<(Arc<dyn ModelProvider>, Box<dyn Environment>)> {
+    let config = load_config(config_path)?;
+    let (spec, settings) = model_args.resolve(&config, Some(&task.model))?;
+    let kind = task
+        .environment
+        .as_ref()
+        .and_then(|e| e.get("kind"))
+        .and_then(|k| k.as_str())
+        .map(str::to_owned);
+    Ok((
+        build_model(&spec, &settings, kind.as_deref())?,
+        environment_of(task, false)?,
+    ))
+}
+
+#[derive(clap::Args)]
+pub struct ReplyArgs {
+    /// Task id or a unique prefix of it.
+    task: String,
+    /// The answer: to the model's `ask_user` question, or what happened to an action whose
+    /// outcome is unknown.
+    answer: String,
+    /// Defaults to the model the task was started with.
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// Answers a paused task and runs it on.
+pub async fn reply(db: &str, config_path: Option<&Path>, args: ReplyArgs) -> Result<ExitCode> {
+    let store = skillstate_store::open(db).await?;
+    let task = store.task(&args.task).await?;
+    let (model, mut env) = model_and_world(&task, config_path, &args.model)?;
+    let outcome = Runner::new(store, model, env.as_mut(), &mut NoProgress)
+        .reply(&task.id, &args.answer)
+        .await?;
+    println!(
+        "{}",
+        outcome_line(
+            &outcome.task_id,
+            outcome.status,
+            outcome.steps,
+            outcome.outcome.as_ref()
+        )
+    );
+    Ok(match outcome.status {
+        TaskStatus::Failed => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// Tasks waiting for a human, with what they wait for.
+pub async fn pending(db: &str) -> Result<ExitCode> {
+    let store = skillstate_store::open(db).await?;
+    let mut any = false;
+    for summary in store.list_tasks().await? {
+        if summary.status != TaskStatus::AwaitingInput {
+            continue;
+        }
+        let task = store.task(&summary.id).await?;
+        let question = task
+            .outcome
+            .as_ref()
+            .and_then(|o| o.get("question"))
+            .and_then(|q| q.as_str())
+            .unwrap_or("(no question recorded)");
+        println!(
+            "{}  {}  step {}  waiting for input: {question}",
+            task.id, task.skill.name, task.version
+        );
+        any = true;
+    }
+    if any {
+        println!("answer with: skillstate reply <task> \"...\"");
+    } else {
+        println!("no task is waiting");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 #[derive(clap::Args)]
 pub struct ResumeArgs {
     /// Task id or a unique prefix of it.
@@ -49,16 +135,7 @@ pub async fn resume(db: &str, config_path: Option<&Path>, args: ResumeArgs) -> R
         println!("nothing to resume: the task is {}", task.status.as_str());
         return Ok(ExitCode::SUCCESS);
     }
-    let config = load_config(config_path)?;
-    let (spec, settings) = args.model.resolve(&config, Some(&task.model))?;
-    let kind = task
-        .environment
-        .as_ref()
-        .and_then(|e| e.get("kind"))
-        .and_then(|k| k.as_str())
-        .map(str::to_owned);
-    let model = build_model(&spec, &settings, kind.as_deref())?;
-    let mut env = environment_of(&task, false)?;
+    let (model, mut env) = model_and_world(&task, config_path, &args.model)?;
     let outcome = Runner::new(store, model, env.as_mut(), &mut NoProgress)
         .run(&task.id)
         .await?;

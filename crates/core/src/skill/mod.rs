@@ -16,7 +16,7 @@ pub use frontmatter::name_problem;
 pub use settings::{
     Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS,
     DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, SkillSettings, ToolSelection,
-    line_column,
+    UnknownOutcome, line_column,
 };
 
 use crate::schema::StateSchema;

@@ -43,6 +43,17 @@ pub struct RunLimits {
     pub max_retries: u32,
     /// Accepted steps allowed before the task stops.
     pub max_steps: u32,
+    /// After a crash left an effectful action's outcome unknown: tell the model (`observe`) or
+    /// pause until a human says what happened (`ask`, answered with `skillstate reply`).
+    pub on_unknown_outcome: UnknownOutcome,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownOutcome {
+    #[default]
+    Observe,
+    Ask,
 }
 
 impl Default for RunLimits {
@@ -50,6 +61,7 @@ impl Default for RunLimits {
         Self {
             max_retries: DEFAULT_MAX_RETRIES,
             max_steps: DEFAULT_MAX_STEPS,
+            on_unknown_outcome: UnknownOutcome::Observe,
         }
     }
 }
