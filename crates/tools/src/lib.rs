@@ -1,6 +1,8 @@
 //! How skillstate acts on the world: the `Tool` trait, and `Environment`, the world a task runs
 //! in (its tools, the observation that opens the task, and what happens after each action).
 
+pub mod builtin;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

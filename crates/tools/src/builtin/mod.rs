@@ -1,0 +1,9 @@
+//! Built-in tools, confined to a work directory and off unless a skill allows them.
+
+mod confine;
+mod fs;
+mod shell;
+
+pub use confine::WorkDir;
+pub use fs::{FsTool, fs_tools};
+pub use shell::{ShellSettings, ShellTool};
