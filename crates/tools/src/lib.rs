@@ -2,6 +2,7 @@
 //! in (its tools, the observation that opens the task, and what happens after each action).
 
 pub mod builtin;
+pub mod mcp;
 
 use std::sync::Arc;
 

@@ -1,0 +1,240 @@
+//! MCP servers as real child processes: the reference filesystem server (npm), the time
+//! server (PyPI), and a faulty server of our own that crashes, hangs and answers garbage.
+//!
+//! `scripts/test` installs the third-party servers and points SKILLSTATE_TEST_MCP_FS (the
+//! server-filesystem entry script) and SKILLSTATE_TEST_MCP_TIME (the mcp-server-time
+//! executable) at them; without them those tests print a notice and pass.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use skillstate_core::SideEffect;
+use skillstate_tools::mcp::{McpServer, McpServerConfig, McpTool};
+use skillstate_tools::{CallContext, Tool};
+
+fn config(command: &str, args: &[&str]) -> McpServerConfig {
+    McpServerConfig {
+        command: command.to_owned(),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        env: BTreeMap::new(),
+        cwd: None,
+        timeout_secs: 3,
+        start_timeout_secs: 60,
+        side_effects: BTreeMap::new(),
+    }
+}
+
+fn installed(var: &str) -> Option<PathBuf> {
+    match std::env::var(var) {
+        Ok(path) if Path::new(&path).exists() => Some(PathBuf::from(path)),
+        _ => {
+            eprintln!("skipped: {var} is not set (scripts/test installs the MCP test servers)");
+            None
+        }
+    }
+}
+
+fn tool<'a>(tools: &'a [McpTool], name: &str) -> &'a McpTool {
+    tools
+        .iter()
+        .find(|t| t.spec().name == name)
+        .unwrap_or_else(|| {
+            panic!(
+                "no tool {name}; have {:?}",
+                tools
+                    .iter()
+                    .map(|t| t.spec().name.clone())
+                    .collect::<Vec<_>>()
+            )
+        })
+}
+
+#[tokio::test]
+async fn the_reference_filesystem_server() {
+    let Some(entry) = installed("SKILLSTATE_TEST_MCP_FS") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    std::fs::write(root.join("hello.txt"), "hello from a file\n").unwrap();
+    let (server, tools) = McpServer::start(
+        "files",
+        &config("node", &[entry.to_str().unwrap(), root.to_str().unwrap()]),
+    )
+    .await
+    .unwrap();
+    let read = tool(&tools, "files.read_text_file");
+    assert_eq!(
+        read.spec().side_effect,
+        SideEffect::ReadOnly,
+        "from readOnlyHint"
+    );
+    assert_eq!(read.spec().source, "files");
+    let write = tool(&tools, "files.write_file");
+    assert_ne!(write.spec().side_effect, SideEffect::ReadOnly);
+    let ctx = CallContext::new("t", 1);
+    let text = read
+        .call(&json!({"path": root.join("hello.txt")}), &ctx)
+        .await
+        .unwrap();
+    assert!(
+        text.ok && text.text.contains("hello from a file"),
+        "{}",
+        text.text
+    );
+    let wrote = write
+        .call(
+            &json!({"path": root.join("new.txt"), "content": "written"}),
+            &ctx,
+        )
+        .await
+        .unwrap();
+    assert!(wrote.ok, "{}", wrote.text);
+    assert_eq!(
+        std::fs::read_to_string(root.join("new.txt")).unwrap(),
+        "written"
+    );
+    let outside = read
+        .call(&json!({"path": "/etc/hostname"}), &ctx)
+        .await
+        .unwrap();
+    assert!(
+        !outside.ok,
+        "the server refuses paths outside its roots: {}",
+        outside.text
+    );
+    server.shutdown().await;
+    let after = read
+        .call(&json!({"path": root.join("hello.txt")}), &ctx)
+        .await;
+    assert!(after.is_err(), "calls after shutdown fail cleanly");
+}
+
+#[tokio::test]
+async fn the_python_time_server() {
+    let Some(binary) = installed("SKILLSTATE_TEST_MCP_TIME") else {
+        return;
+    };
+    let (server, tools) = McpServer::start(
+        "time",
+        &config(binary.to_str().unwrap(), &["--local-timezone", "UTC"]),
+    )
+    .await
+    .unwrap();
+    let convert = tool(&tools, "time.convert_time");
+    let out = convert
+        .call(
+            &json!({"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
+            &CallContext::new("t", 1),
+        )
+        .await
+        .unwrap();
+    assert!(out.ok, "{}", out.text);
+    assert!(out.text.contains("21:00"), "{}", out.text);
+    let bad = convert
+        .call(
+            &json!({"source_timezone": "Mars/Olympus", "time": "12:00", "target_timezone": "UTC"}),
+            &CallContext::new("t", 2),
+        )
+        .await;
+    match bad {
+        Ok(output) => assert!(!output.ok, "{}", output.text),
+        Err(error) => assert!(error.to_string().contains("time.convert_time"), "{error}"),
+    }
+    server.shutdown().await;
+}
+
+fn fault_config(pid_file: &Path) -> McpServerConfig {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fault_mcp_server.py");
+    let mut c = config("python3", &[script.to_str().unwrap()]);
+    c.env
+        .insert("FAULT_PID_FILE".into(), pid_file.display().to_string());
+    c.timeout_secs = 2;
+    c
+}
+
+fn alive(pid_file: &Path) -> bool {
+    let pid = std::fs::read_to_string(pid_file).unwrap();
+    Path::new(&format!("/proc/{}", pid.trim())).exists()
+        && !std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[tokio::test]
+async fn a_server_that_hangs_crashes_or_answers_garbage_never_hangs_the_task() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ctx = CallContext::new("t", 1);
+
+    let pid = tmp.path().join("hang.pid");
+    let (server, tools) = McpServer::start("faulty", &fault_config(&pid))
+        .await
+        .unwrap();
+    assert_eq!(
+        tool(&tools, "faulty.echo").spec().side_effect,
+        SideEffect::ReadOnly
+    );
+    let echo = tool(&tools, "faulty.echo")
+        .call(&json!({"text": "hi"}), &ctx)
+        .await
+        .unwrap();
+    assert_eq!(echo.text, "echo: hi");
+    let started = Instant::now();
+    let hang = tool(&tools, "faulty.hang")
+        .call(&json!({}), &ctx)
+        .await
+        .unwrap_err();
+    assert!(
+        hang.to_string()
+            .contains("no answer from MCP server `faulty` within 2 s"),
+        "{hang}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    server.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!alive(&pid), "shutdown must stop the server process");
+
+    let pid = tmp.path().join("crash.pid");
+    let (server, tools) = McpServer::start("faulty", &fault_config(&pid))
+        .await
+        .unwrap();
+    let crash = tool(&tools, "faulty.crash")
+        .call(&json!({}), &ctx)
+        .await
+        .unwrap_err();
+    assert!(
+        crash.to_string().contains("closed the connection"),
+        "{crash}"
+    );
+    let next = tool(&tools, "faulty.echo")
+        .call(&json!({"text": "again"}), &ctx)
+        .await
+        .unwrap_err();
+    assert!(next.to_string().contains("faulty"), "{next}");
+    server.shutdown().await;
+
+    let pid = tmp.path().join("garbage.pid");
+    let (server, tools) = McpServer::start("faulty", &fault_config(&pid))
+        .await
+        .unwrap();
+    let garbage = tool(&tools, "faulty.garbage").call(&json!({}), &ctx).await;
+    assert!(
+        garbage.is_err(),
+        "a garbage answer is an error, not a result"
+    );
+    server.shutdown().await;
+
+    let missing = McpServer::start("ghost", &config("/nonexistent/server", &[]))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        missing
+            .to_string()
+            .contains("cannot start `/nonexistent/server`"),
+        "{missing}"
+    );
+}
