@@ -16,13 +16,14 @@ pub async fn state_at(store: &dyn Store, task: &str, step: u64, version: u64) ->
             version,
         });
     }
-    let (base, mut state) = store
-        .snapshot_before(task, step)
-        .await?
-        .ok_or_else(|| StoreError::Compacted {
-            task: task.to_owned(),
-            step,
-        })?;
+    let (base, mut state) =
+        store
+            .snapshot_before(task, step)
+            .await?
+            .ok_or_else(|| StoreError::Compacted {
+                task: task.to_owned(),
+                step,
+            })?;
 
     let patches = store.accepted_patches(task, base + 1, step).await?;
     let mut expected_step = base + 1;

@@ -540,7 +540,13 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn fork_task(&self, parent: &str, step: u64, state: &Value, env_checkpoint: Option<&Value>) -> Result<TaskRecord> {
+    async fn fork_task(
+        &self,
+        parent: &str,
+        step: u64,
+        state: &Value,
+        env_checkpoint: Option<&Value>,
+    ) -> Result<TaskRecord> {
         let id = uuid::Uuid::now_v7().to_string();
         let now = now_millis();
         let at = step as i64;
@@ -563,14 +569,23 @@ impl Store for SqliteStore {
         if created.rows_affected() != 1 {
             drop(tx);
             let version = self.current_version(parent).await?;
-            return Err(StoreError::NoSuchStep { task: parent.to_owned(), step, version });
+            return Err(StoreError::NoSuchStep {
+                task: parent.to_owned(),
+                step,
+                version,
+            });
         }
         for sql in [
             "INSERT INTO journal SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = ? AND step <= ?",
             "INSERT INTO intents SELECT ?, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = ? AND step <= ?",
             "INSERT INTO snapshots SELECT ?, step, state, state_hash FROM snapshots WHERE task_id = ? AND step <= ?",
         ] {
-            sqlx::query(sql).bind(&id).bind(parent).bind(at).execute(&mut *tx).await?;
+            sqlx::query(sql)
+                .bind(&id)
+                .bind(parent)
+                .bind(at)
+                .execute(&mut *tx)
+                .await?;
         }
         sqlx::query("INSERT INTO observations SELECT ?, step, text FROM observations WHERE task_id = ? AND step <= ?")
             .bind(&id)
@@ -605,7 +620,12 @@ impl Store for SqliteStore {
             "DELETE FROM intents WHERE task_id = ? AND step < ?",
             "DELETE FROM observations WHERE task_id = ? AND step < ?",
         ] {
-            deleted += sqlx::query(sql).bind(task).bind(keep_from as i64).execute(&mut *tx).await?.rows_affected();
+            deleted += sqlx::query(sql)
+                .bind(task)
+                .bind(keep_from as i64)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         }
         deleted += sqlx::query("DELETE FROM snapshots WHERE task_id = ? AND step < ?")
             .bind(task)
@@ -624,7 +644,10 @@ impl Store for SqliteStore {
             .bind(task)
             .execute(&mut *tx)
             .await?;
-        let deleted = sqlx::query("DELETE FROM tasks WHERE id = ?").bind(task).execute(&mut *tx).await?;
+        let deleted = sqlx::query("DELETE FROM tasks WHERE id = ?")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
         if deleted.rows_affected() == 0 {
             return Err(StoreError::NotFound(task.to_owned()));
         }
@@ -637,7 +660,8 @@ impl Store for SqliteStore {
             let pool = self.pool.clone();
             let task = task.to_owned();
             async move {
-                let value: Option<i64> = sqlx::query_scalar(sql).bind(task).fetch_one(&pool).await?;
+                let value: Option<i64> =
+                    sqlx::query_scalar(sql).bind(task).fetch_one(&pool).await?;
                 Ok::<u64, StoreError>(value.unwrap_or(0) as u64)
             }
         };
