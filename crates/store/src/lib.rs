@@ -10,6 +10,7 @@
 mod history;
 mod migrate;
 mod model;
+mod postgres;
 mod sqlite;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use serde_json::Value;
 
 pub use history::state_at;
 pub use model::*;
+pub use postgres::PostgresStore;
 pub use sqlite::{SqliteStore, Synchronous};
 
 pub const DEFAULT_DB: &str = "skillstate.db";
@@ -51,10 +53,11 @@ pub enum StoreError {
         step: u64,
         message: String,
     },
-    #[error("task {task}: the journal before step {step} was compacted by `skillstate gc`; that state is no longer kept")]
+    #[error(
+        "task {task}: the journal before step {step} was compacted by `skillstate gc`; that state is no longer kept"
+    )]
     Compacted { task: String, step: u64 },
     #[error("task {task}: step {step} does not exist (the task has {version} accepted steps)")]
-
     NoSuchStep {
         task: String,
         step: u64,
@@ -148,13 +151,12 @@ impl StorageStats {
     }
 }
 
-/// Opens the store named by `location`: a file path, `sqlite://path` or `sqlite::memory:`.
+/// Opens the store named by `location`: a file path, `sqlite://path` or `sqlite::memory:`, or
+/// a `postgres://` / `postgresql://` URL (a schema other than `public` can be chosen with
+/// `?options=-c%20search_path%3Dname`).
 pub async fn open(location: &str) -> Result<Arc<dyn Store>> {
     if location.starts_with("postgres://") || location.starts_with("postgresql://") {
-        return Err(StoreError::Open {
-            location: location.to_owned(),
-            message: "PostgreSQL is not supported by this build; use a SQLite file path".into(),
-        });
+        return Ok(Arc::new(PostgresStore::open(location).await?));
     }
     Ok(Arc::new(
         SqliteStore::open(location, Synchronous::Full).await?,
