@@ -1,0 +1,1334 @@
+//! One conformance suite for every `Store` backend. Each test runs the same scenario on a real
+//! SQLite file and on PostgreSQL (in a schema of its own, dropped afterwards), so the backends
+//! cannot drift apart.
+//!
+//! PostgreSQL is reached at `SKILLSTATE_TEST_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`). Setting it to `off` runs the SQLite half only and
+//! says so; an unreachable server is a test failure, not a silent skip.
+#![allow(clippy::unwrap_used)]
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::{Arc, Once};
+
+use anyhow::{Context, bail, ensure};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use serde_json::{Value, json};
+use skillstate_core::json::state_hash;
+use skillstate_core::tool::control_specs;
+use skillstate_core::{ContextStrategy, SkillDefinition, StatePatch};
+use skillstate_store::*;
+use sqlx::{AssertSqlSafe, Connection};
+use tokio::sync::Barrier;
+
+const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+// ---------------------------------------------------------------------------------------------
+// Backends and isolated databases
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("SKILLSTATE_TEST_POSTGRES_URL") {
+        Ok(url) if url == "off" => None,
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => Some(DEFAULT_POSTGRES_URL.to_owned()),
+    }
+}
+
+fn backends() -> Vec<Backend> {
+    if postgres_url().is_some() {
+        return vec![Backend::Sqlite, Backend::Postgres];
+    }
+    static NOTICE: Once = Once::new();
+    NOTICE.call_once(|| {
+        eprintln!("SKILLSTATE_TEST_POSTGRES_URL=off: the PostgreSQL half of the suite is skipped")
+    });
+    vec![Backend::Sqlite]
+}
+
+/// One empty database for one scenario: a temporary SQLite file, or a fresh PostgreSQL schema.
+#[derive(Clone)]
+struct Db {
+    backend: Backend,
+    target: Target,
+}
+
+#[derive(Clone)]
+enum Target {
+    Sqlite {
+        path: String,
+        _dir: Arc<tempfile::TempDir>,
+    },
+    Postgres {
+        url: String,
+        schema: String,
+    },
+}
+
+impl Db {
+    async fn create(backend: Backend) -> anyhow::Result<Self> {
+        let target = match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir()?;
+                let path = dir
+                    .path()
+                    .join("store.db")
+                    .to_str()
+                    .context("temporary path is not UTF-8")?
+                    .to_owned();
+                Target::Sqlite {
+                    path,
+                    _dir: Arc::new(dir),
+                }
+            }
+            Backend::Postgres => {
+                let url = postgres_url().context("PostgreSQL is switched off")?;
+                // Fail early, with the way out, rather than deep inside a scenario.
+                let connection = sqlx::PgConnection::connect(&url).await.with_context(|| {
+                    format!(
+                        "cannot reach PostgreSQL at {url}; start it with \
+                         `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, \
+                         point SKILLSTATE_TEST_POSTGRES_URL elsewhere, or set it to `off`"
+                    )
+                })?;
+                connection.close().await?;
+                let schema = format!("conformance_{}", uuid::Uuid::now_v7().simple());
+                Target::Postgres { url, schema }
+            }
+        };
+        Ok(Self { backend, target })
+    }
+
+    async fn open(&self) -> Result<Arc<dyn Store>> {
+        self.open_with(DEFAULT_SNAPSHOT_EVERY).await
+    }
+
+    async fn open_with(&self, snapshot_every: u64) -> Result<Arc<dyn Store>> {
+        Ok(match &self.target {
+            Target::Sqlite { path, .. } => Arc::new(
+                SqliteStore::open(path, Synchronous::Normal)
+                    .await?
+                    .with_snapshot_every(snapshot_every),
+            ),
+            Target::Postgres { url, schema } => Arc::new(
+                PostgresStore::open_in_schema(url, schema)
+                    .await?
+                    .with_snapshot_every(snapshot_every),
+            ),
+        })
+    }
+
+    /// What `skillstate_store::open` takes for this database.
+    fn location(&self) -> String {
+        match &self.target {
+            Target::Sqlite { path, .. } => path.clone(),
+            Target::Postgres { url, schema } => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{separator}options=-c%20search_path%3D{schema}")
+            }
+        }
+    }
+
+    /// Runs `sql` outside any store, as an operator (or an attacker) would.
+    async fn execute(&self, sql: &str) -> anyhow::Result<u64> {
+        let sql = AssertSqlSafe(sql.to_owned());
+        Ok(match &self.target {
+            Target::Sqlite { path, .. } => {
+                let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+                let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+                let done = sqlx::raw_sql(sql).execute(&mut conn).await?;
+                conn.close().await?;
+                done.rows_affected()
+            }
+            Target::Postgres { url, schema } => {
+                let mut conn = self.pg_connection(url, schema).await?;
+                let done = sqlx::raw_sql(sql).execute(&mut conn).await?;
+                conn.close().await?;
+                done.rows_affected()
+            }
+        })
+    }
+
+    async fn count(&self, sql: &str) -> anyhow::Result<i64> {
+        let sql = AssertSqlSafe(sql.to_owned());
+        Ok(match &self.target {
+            Target::Sqlite { path, .. } => {
+                let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+                let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+                let n = sqlx::query_scalar(sql).fetch_one(&mut conn).await?;
+                conn.close().await?;
+                n
+            }
+            Target::Postgres { url, schema } => {
+                let mut conn = self.pg_connection(url, schema).await?;
+                let n = sqlx::query_scalar(sql).fetch_one(&mut conn).await?;
+                conn.close().await?;
+                n
+            }
+        })
+    }
+
+    async fn pg_connection(&self, url: &str, schema: &str) -> anyhow::Result<sqlx::PgConnection> {
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)?
+            .options([("search_path", schema.to_owned())]);
+        Ok(sqlx::PgConnection::connect_with(&options).await?)
+    }
+
+    async fn destroy(&self) -> anyhow::Result<()> {
+        if let Target::Postgres { url, schema } = &self.target {
+            let mut conn = sqlx::PgConnection::connect(url).await?;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+            )))
+            .execute(&mut conn)
+            .await?;
+            conn.close().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `scenario` once per backend, each time on a fresh database that is removed afterwards,
+/// also when the scenario panics.
+async fn on_each_backend<F, Fut>(scenario: F) -> anyhow::Result<()>
+where
+    F: Fn(Db) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    for backend in backends() {
+        let db = Db::create(backend).await?;
+        let outcome = tokio::spawn(scenario(db.clone())).await;
+        db.destroy().await?;
+        match outcome {
+            Ok(result) => result.with_context(|| format!("scenario failed on {backend:?}"))?,
+            Err(error) if error.is_panic() => {
+                eprintln!("scenario panicked on {backend:?}");
+                std::panic::resume_unwind(error.into_panic());
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test data
+
+fn definition() -> SkillDefinition {
+    SkillDefinition {
+        name: "free".into(),
+        description: "free-form state".into(),
+        metadata: None,
+        procedure: "anything".into(),
+        schema: json!({"type": "object"}),
+        initial_state: json!({}),
+        settings: Default::default(),
+    }
+}
+
+fn new_task() -> NewTask {
+    NewTask {
+        skill: definition(),
+        tools: Vec::new(),
+        context: ContextStrategy::State,
+        context_budget: None,
+        model: "scripted:test".into(),
+        environment: None,
+        env_checkpoint: None,
+        opening_observation: "start".into(),
+    }
+}
+
+fn accepted(step: u64, patch: &Value, hash: &str) -> JournalEntry {
+    JournalEntry {
+        step,
+        attempt: 1,
+        verdict: Verdict::Accepted,
+        output: patch.to_string(),
+        patch: Some(patch.clone()),
+        action: Some(json!({"tool": "wait", "args": {}})),
+        errors: None,
+        state_hash: Some(hash.to_owned()),
+        prompt_tokens: 1,
+        prompt_hash: "x".into(),
+        usage: None,
+        latency_ms: 0,
+        created_at: 0,
+    }
+}
+
+fn rejected(step: u64, attempt: u32) -> JournalEntry {
+    JournalEntry {
+        step,
+        attempt,
+        verdict: Verdict::Rejected,
+        output: format!("not JSON, attempt {attempt}"),
+        patch: None,
+        action: None,
+        errors: Some(json!([{"kind": "parse", "message": "expected a JSON object"}])),
+        state_hash: None,
+        prompt_tokens: 20,
+        prompt_hash: "p".into(),
+        usage: Some(json!({"input_tokens": 20, "output_tokens": 5})),
+        latency_ms: 12,
+        created_at: 1_700_000_000_000,
+    }
+}
+
+/// The commit of step `step` that applies the merge patch `patch` to `state`.
+fn step_commit(step: u64, state: &Value, patch: Value, with_intent: bool) -> StepCommit {
+    let new_state = StatePatch::from_value(&patch)
+        .unwrap()
+        .apply(state)
+        .unwrap();
+    StepCommit {
+        entry: accepted(step, &patch, &state_hash(&new_state)),
+        new_state,
+        intent: with_intent.then(|| NewIntent {
+            tool: "store".into(),
+            args: json!({"item": format!("item_{step}"), "shelf": format!("shelf_{step}")}),
+            idempotency_key: format!("key-{step}"),
+            side_effect: "effectful".into(),
+        }),
+        status: None,
+    }
+}
+
+fn action_result(step: u64) -> ActionResult {
+    ActionResult {
+        step,
+        ok: step % 2 == 1,
+        result: format!("result of step {step}"),
+        next_observation: format!("observation {}", step + 1),
+        env_checkpoint: Some(json!({"tick": step})),
+    }
+}
+
+/// Commits steps `1..=steps`, each with an intent and its result, and returns the state after
+/// every step (index = step). At the steps in `rejected_first` a rejected attempt 1 precedes the
+/// accepted attempt 2.
+async fn run_steps(
+    store: &dyn Store,
+    task: &str,
+    steps: u64,
+    rejected_first: &[u64],
+) -> anyhow::Result<Vec<Value>> {
+    let mut states = vec![store.task(task).await?.state];
+    for step in 1..=steps {
+        let mut commit = step_commit(
+            step,
+            &states[step as usize - 1],
+            json!({ format!("k{step}"): step }),
+            true,
+        );
+        if rejected_first.contains(&step) {
+            store.record_rejection(task, &rejected(step, 1)).await?;
+            commit.entry.attempt = 2;
+        }
+        store.commit_step(task, step - 1, &commit).await?;
+        store
+            .record_action_result(task, &action_result(step))
+            .await?;
+        states.push(commit.new_state);
+    }
+    Ok(states)
+}
+
+fn common_prefix_len(a: &str, b: &str) -> usize {
+    a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tasks
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_found_by_id_and_unique_prefix() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let spec = NewTask {
+            tools: control_specs(),
+            context: ContextStrategy::Window,
+            context_budget: Some(1234),
+            environment: Some(json!({"kind": "warehouse", "seed": 7})),
+            env_checkpoint: Some(json!({"tick": 0})),
+            opening_observation: "alert: shelf_3 is empty — restock".into(),
+            ..new_task()
+        };
+        let initial = json!({"shelf_count": 500, "inventory": {"shelf_1": "item_1"}});
+        let first = store.create_task(spec.clone(), &initial).await?;
+        assert_eq!(first.version, 0);
+        assert_eq!(first.status, TaskStatus::Running);
+        assert_eq!(first.state, initial);
+        assert_eq!(first.skill, spec.skill);
+        assert_eq!(first.tools, spec.tools);
+        assert_eq!(first.context, ContextStrategy::Window);
+        assert_eq!(first.context_budget, Some(1234));
+        assert_eq!(first.model, spec.model);
+        assert_eq!(first.environment, spec.environment);
+        assert_eq!(first.env_checkpoint, spec.env_checkpoint);
+        assert_eq!(first.outcome, None);
+        assert_eq!(first.parent, None);
+        assert_eq!(
+            store.observation(&first.id, 1).await?.as_deref(),
+            Some(spec.opening_observation.as_str())
+        );
+        assert_eq!(
+            store.snapshot_before(&first.id, 0).await?,
+            Some((0, initial.clone()))
+        );
+
+        let second = store.create_task(new_task(), &json!({})).await?;
+        let third = store.create_task(new_task(), &json!({})).await?;
+        assert_eq!(store.task(&first.id).await?, first);
+
+        // Time-ordered ids made moments apart share their leading characters.
+        let shared = common_prefix_len(&first.id, &second.id)
+            .min(common_prefix_len(&first.id, &third.id))
+            .min(common_prefix_len(&second.id, &third.id));
+        assert!(shared > 0, "{} {} {}", first.id, second.id, third.id);
+        match store.task(&first.id[..shared]).await {
+            Err(StoreError::Ambiguous { count, .. }) => assert_eq!(count, 3),
+            other => bail!("expected an ambiguous prefix, got {other:?}"),
+        }
+        let unique = common_prefix_len(&third.id, &second.id)
+            .max(common_prefix_len(&third.id, &first.id))
+            + 1;
+        assert_eq!(store.task(&third.id[..unique]).await?.id, third.id);
+        let upper = third.id[..unique].to_ascii_uppercase();
+        assert_eq!(store.task(&upper).await?.id, third.id);
+        assert_eq!(store.task(&format!("  {}  ", third.id)).await?.id, third.id);
+
+        for missing in ["0000", "", "not-hex", "%", "_"] {
+            match store.task(missing).await {
+                Err(StoreError::NotFound(what)) => assert_eq!(what, missing),
+                other => bail!("`{missing}` should match nothing, got {other:?}"),
+            }
+        }
+
+        let listed = store.list_tasks().await?;
+        let ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+        let mut expected = [&first, &second, &third];
+        expected.sort_by_key(|t| (t.created_at, t.id.clone()));
+        let expected: Vec<&str> = expected.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, expected);
+        assert!(
+            listed.iter().all(|t| t.version == 0
+                && t.skill_name == "free"
+                && t.status == TaskStatus::Running)
+        );
+        Ok(())
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_commits_journal_state_and_intent_and_its_result_the_next_observation()
+-> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open_with(2).await?;
+        let initial = json!({"inventory": {}});
+        let task = store.create_task(new_task(), &initial).await?;
+
+        let mut first = step_commit(
+            1,
+            &initial,
+            json!({"inventory": {"shelf_1": "item_1"}}),
+            true,
+        );
+        first.entry.usage = Some(json!({"input_tokens": 1100, "output_tokens": 40}));
+        first.entry.latency_ms = 850;
+        first.entry.prompt_tokens = 1100;
+        first.entry.created_at = 1_700_000_000_123;
+        store.commit_step(&task.id, 0, &first).await?;
+
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.version, 1);
+        assert_eq!(stored.state, first.new_state);
+        assert_eq!(stored.status, TaskStatus::Running);
+        assert_eq!(store.journal(&task.id).await?, [first.entry.clone()]);
+        let intent = first.intent.clone().unwrap();
+        let pending = IntentRecord {
+            step: 1,
+            tool: intent.tool,
+            args: intent.args,
+            idempotency_key: intent.idempotency_key,
+            side_effect: intent.side_effect,
+            done: false,
+            ok: None,
+            result: None,
+        };
+        assert_eq!(
+            store.intents(&task.id).await?,
+            std::slice::from_ref(&pending)
+        );
+        // Step 1 is not a multiple of 2: no snapshot yet.
+        assert_eq!(
+            store.snapshot_before(&task.id, 1).await?,
+            Some((0, initial.clone()))
+        );
+
+        store
+            .record_action_result(&task.id, &action_result(1))
+            .await?;
+        let done = IntentRecord {
+            done: true,
+            ok: Some(true),
+            result: Some("result of step 1".into()),
+            ..pending
+        };
+        assert_eq!(store.intents(&task.id).await?, std::slice::from_ref(&done));
+        assert_eq!(
+            store.observations(&task.id).await?,
+            [(1, "start".to_owned()), (2, "observation 2".to_owned())]
+        );
+        assert_eq!(
+            store.observation(&task.id, 2).await?.as_deref(),
+            Some("observation 2")
+        );
+        assert_eq!(store.observation(&task.id, 3).await?, None);
+        assert_eq!(
+            store.task(&task.id).await?.env_checkpoint,
+            Some(json!({"tick": 1}))
+        );
+
+        // A result can be recorded once; the second attempt changes nothing.
+        let mut again = action_result(1);
+        again.next_observation = "a second observation 2".into();
+        match store.record_action_result(&task.id, &again).await {
+            Err(StoreError::Corrupt { step: 1, .. }) => {}
+            other => bail!("expected Corrupt at step 1, got {other:?}"),
+        }
+        assert_eq!(store.intents(&task.id).await?, [done]);
+        assert_eq!(store.observations(&task.id).await?.len(), 2);
+
+        // A finishing step sets status and outcome with the state, and snapshots step 2.
+        let mut finish = step_commit(2, &first.new_state, json!({"done": true}), false);
+        finish.status = Some((TaskStatus::Completed, Some(json!({"result": "ok"}))));
+        store.commit_step(&task.id, 1, &finish).await?;
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.version, 2);
+        assert_eq!(stored.status, TaskStatus::Completed);
+        assert_eq!(stored.outcome, Some(json!({"result": "ok"})));
+        assert_eq!(store.intents(&task.id).await?.len(), 1);
+        assert_eq!(
+            store.snapshot_before(&task.id, 5).await?,
+            Some((2, finish.new_state.clone()))
+        );
+        assert_eq!(
+            store.accepted_patches(&task.id, 1, 2).await?,
+            [
+                (
+                    1,
+                    first.entry.patch.clone().unwrap(),
+                    first.entry.state_hash.clone().unwrap()
+                ),
+                (
+                    2,
+                    json!({"done": true}),
+                    finish.entry.state_hash.clone().unwrap()
+                ),
+            ]
+        );
+
+        // set_status keeps the outcome unless it is given a new one.
+        store
+            .set_status(&task.id, TaskStatus::AwaitingInput, None)
+            .await?;
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.status, TaskStatus::AwaitingInput);
+        assert_eq!(stored.outcome, Some(json!({"result": "ok"})));
+        store
+            .set_status(&task.id, TaskStatus::Failed, Some(&json!({"error": "x"})))
+            .await?;
+        assert_eq!(
+            store.task(&task.id).await?.outcome,
+            Some(json!({"error": "x"}))
+        );
+        match store.set_status("0000", TaskStatus::Failed, None).await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("expected NotFound, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_are_journaled_and_leave_the_state_untouched() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let first = step_commit(1, &json!({}), json!({"a": 1}), false);
+        store.commit_step(&task.id, 0, &first).await?;
+        let before = store.task(&task.id).await?;
+
+        store.record_rejection(&task.id, &rejected(2, 1)).await?;
+        store.record_rejection(&task.id, &rejected(2, 2)).await?;
+        let after = store.task(&task.id).await?;
+        assert_eq!(after.state, before.state);
+        assert_eq!(after.version, 1);
+        assert_eq!(
+            store.journal(&task.id).await?,
+            [first.entry.clone(), rejected(2, 1), rejected(2, 2)]
+        );
+        assert_eq!(store.accepted_patches(&task.id, 1, 5).await?.len(), 1);
+        assert_eq!(
+            state_at(store.as_ref(), &task.id, 1, 1).await?,
+            json!({"a": 1})
+        );
+        match state_at(store.as_ref(), &task.id, 2, 1).await {
+            Err(StoreError::NoSuchStep {
+                step: 2,
+                version: 1,
+                ..
+            }) => {}
+            other => bail!("expected NoSuchStep, got {other:?}"),
+        }
+
+        // The third attempt at step 2 is accepted against the untouched version.
+        let mut second = step_commit(2, &first.new_state, json!({"b": 2}), false);
+        second.entry.attempt = 3;
+        store.commit_step(&task.id, 1, &second).await?;
+        let journal = store.journal(&task.id).await?;
+        let keys: Vec<(u64, u32, Verdict)> = journal
+            .iter()
+            .map(|e| (e.step, e.attempt, e.verdict))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (1, 1, Verdict::Accepted),
+                (2, 1, Verdict::Rejected),
+                (2, 2, Verdict::Rejected),
+                (2, 3, Verdict::Accepted)
+            ]
+        );
+        assert_eq!(
+            state_at(store.as_ref(), &task.id, 2, 2).await?,
+            json!({"a": 1, "b": 2})
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_writer_gets_a_conflict() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let first = step_commit(1, &json!({}), json!({"a": 1}), true);
+        store.commit_step(&task.id, 0, &first).await?;
+
+        let mut stale = step_commit(1, &json!({}), json!({"a": 2}), true);
+        stale.entry.attempt = 2;
+        stale.status = Some((TaskStatus::Failed, None));
+        for expected in [0, 5] {
+            match store.commit_step(&task.id, expected, &stale).await {
+                Err(StoreError::Conflict {
+                    expected: e,
+                    actual: 1,
+                    ..
+                }) if e == expected => {}
+                other => bail!("expected a conflict at version {expected}, got {other:?}"),
+            }
+        }
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.state, first.new_state);
+        assert_eq!(stored.version, 1);
+        assert_eq!(stored.status, TaskStatus::Running);
+        assert_eq!(
+            store.journal(&task.id).await?,
+            std::slice::from_ref(&first.entry)
+        );
+        assert_eq!(store.intents(&task.id).await?.len(), 1);
+
+        match store.commit_step("0000", 0, &first).await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("expected NotFound, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_writers_one_wins_every_round_and_the_rest_conflict() -> anyhow::Result<()> {
+    const WRITERS: usize = 8;
+    const ROUNDS: u64 = 25;
+    on_each_backend(|db| async move {
+        // Two independent stores (pools) stand for two processes sharing the database.
+        let stores = [db.open().await?, db.open().await?];
+        let task = stores[0].create_task(new_task(), &json!({})).await?;
+        let mut states = vec![json!({})];
+        let mut wins = [0u32; WRITERS];
+        for round in 0..ROUNDS {
+            let version = stores[1].task(&task.id).await?.version;
+            assert_eq!(version, round);
+            let barrier = Arc::new(Barrier::new(WRITERS));
+            let mut handles = Vec::new();
+            for writer in 0..WRITERS {
+                let store = Arc::clone(&stores[writer % 2]);
+                let barrier = Arc::clone(&barrier);
+                let id = task.id.clone();
+                let mut commit = step_commit(
+                    version + 1,
+                    &states[round as usize],
+                    json!({"last": {"round": round, "writer": writer}, format!("w{writer}"): round}),
+                    true,
+                );
+                commit.entry.output = format!("writer {writer}");
+                if let Some(intent) = commit.intent.as_mut() {
+                    intent.idempotency_key = format!("round {round} writer {writer}");
+                }
+                handles.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    let outcome = store.commit_step(&id, version, &commit).await;
+                    (writer, commit, outcome)
+                }));
+            }
+            let mut winner = None;
+            for handle in handles {
+                let (writer, commit, outcome) = handle.await?;
+                match outcome {
+                    Ok(()) => {
+                        ensure!(winner.is_none(), "round {round}: two writers won");
+                        winner = Some((writer, commit));
+                    }
+                    Err(StoreError::Conflict {
+                        expected, actual, ..
+                    }) => {
+                        assert_eq!((expected, actual), (version, version + 1), "round {round}");
+                    }
+                    Err(other) => bail!("round {round}, writer {writer}: {other}"),
+                }
+            }
+            let (writer, commit) = winner.context("no writer won")?;
+            wins[writer] += 1;
+
+            let stored = stores[0].task(&task.id).await?;
+            assert_eq!(stored.version, version + 1);
+            assert_eq!(stored.state, commit.new_state, "round {round}");
+            let journal = stores[1].journal(&task.id).await?;
+            let rows: Vec<&JournalEntry> =
+                journal.iter().filter(|e| e.step == version + 1).collect();
+            assert_eq!(rows, [&commit.entry], "round {round}");
+            let intents = stores[0].intents(&task.id).await?;
+            let keys: Vec<&str> = intents
+                .iter()
+                .filter(|i| i.step == version + 1)
+                .map(|i| i.idempotency_key.as_str())
+                .collect();
+            assert_eq!(keys, [format!("round {round} writer {writer}")]);
+            states.push(commit.new_state);
+        }
+        assert_eq!(wins.iter().sum::<u32>(), ROUNDS as u32);
+        // The winners' patches, replayed, give the winners' states.
+        for (step, state) in states.iter().enumerate() {
+            assert_eq!(
+                &state_at(stores[0].as_ref(), &task.id, step as u64, ROUNDS).await?,
+                state
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time travel
+
+fn scalar() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        any::<i16>().prop_map(|n| json!(n)),
+        "[a-z]{0,5}".prop_map(Value::String),
+        any::<bool>().prop_map(Value::Bool)
+    ]
+}
+
+/// A patch candidate: merge patches over a few keys (nested objects and null deletes included),
+/// or JSON Patch operations. Candidates that do not apply are skipped by the test.
+fn patch() -> impl Strategy<Value = Value> {
+    let key = prop_oneof![Just("a"), Just("b"), Just("c"), Just("d")];
+    let merge_value = prop_oneof![
+        3 => scalar(),
+        1 => Just(Value::Null),
+        1 => prop::collection::btree_map("[xyz]", prop_oneof![scalar(), Just(Value::Null)], 0..3)
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+    ];
+    let merge = prop::collection::btree_map(key.clone(), merge_value, 0..3)
+        .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()));
+    let op = prop_oneof![
+        (key.clone(), scalar())
+            .prop_map(|(k, v)| json!({"op": "add", "path": format!("/{k}"), "value": v})),
+        key.clone()
+            .prop_map(|k| json!({"op": "remove", "path": format!("/{k}")})),
+        (key, scalar())
+            .prop_map(|(k, v)| json!({"op": "replace", "path": format!("/{k}"), "value": v})),
+    ];
+    prop_oneof![
+        merge,
+        prop::collection::vec(op, 1..3).prop_map(Value::Array)
+    ]
+}
+
+async fn rebuild_every_step(db: &Db, patches: Vec<Value>, every: u64) -> Result<(), TestCaseError> {
+    let fail = |e: StoreError| TestCaseError::fail(e.to_string());
+    let store = db.open_with(every).await.map_err(fail)?;
+    let task = store
+        .create_task(new_task(), &json!({}))
+        .await
+        .map_err(fail)?;
+    let mut state = json!({});
+    let mut hashes = vec![state_hash(&state)];
+    for candidate in patches {
+        let Ok(parsed) = StatePatch::from_value(&candidate) else {
+            continue;
+        };
+        let Ok(next) = parsed.apply(&state) else {
+            continue;
+        };
+        let step = hashes.len() as u64;
+        let hash = state_hash(&next);
+        let commit = StepCommit {
+            entry: accepted(step, &candidate, &hash),
+            new_state: next.clone(),
+            intent: None,
+            status: None,
+        };
+        store
+            .commit_step(&task.id, step - 1, &commit)
+            .await
+            .map_err(fail)?;
+        state = next;
+        hashes.push(hash);
+    }
+    let version = hashes.len() as u64 - 1;
+    let stored = store.task(&task.id).await.map_err(fail)?;
+    prop_assert_eq!(stored.version, version);
+    prop_assert_eq!(stored.state, state);
+    for (step, hash) in hashes.iter().enumerate() {
+        let rebuilt = state_at(store.as_ref(), &task.id, step as u64, version)
+            .await
+            .map_err(fail)?;
+        prop_assert_eq!(
+            &state_hash(&rebuilt),
+            hash,
+            "step {} with snapshots every {}",
+            step,
+            every
+        );
+    }
+    Ok(())
+}
+
+/// The state rebuilt for every step N equals the hash recorded when step N was committed,
+/// whatever the snapshot interval.
+#[test]
+fn every_step_rebuilds_to_its_recorded_hash() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    for backend in backends() {
+        let cases = match backend {
+            Backend::Sqlite => 24,
+            Backend::Postgres => 16,
+        };
+        let db = runtime.block_on(Db::create(backend))?;
+        let mut runner = TestRunner::new(Config::with_cases(cases));
+        let outcome = runner.run(
+            &(prop::collection::vec(patch(), 1..40), 1u64..8),
+            |(patches, every)| runtime.block_on(rebuild_every_step(&db, patches, every)),
+        );
+        runtime.block_on(db.destroy())?;
+        if let Err(failure) = outcome {
+            bail!("{backend:?}: {failure}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_patch_is_caught_at_its_step() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open_with(10).await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        run_steps(store.as_ref(), &task.id, 5, &[]).await?;
+        let changed = db
+            .execute(&format!(
+                "UPDATE journal SET patch = '{{\"k3\": 99}}' WHERE task_id = '{}' AND step = 3",
+                task.id
+            ))
+            .await?;
+        assert_eq!(changed, 1);
+        assert!(state_at(store.as_ref(), &task.id, 2, 5).await.is_ok());
+        for step in 3..=5 {
+            match state_at(store.as_ref(), &task.id, step, 5).await {
+                Err(StoreError::Corrupt { step: 3, .. }) => {}
+                other => bail!("rebuilding step {step}: expected Corrupt at 3, got {other:?}"),
+            }
+        }
+
+        // A missing accepted row is reported at the step it should be.
+        db.execute(&format!(
+            "DELETE FROM journal WHERE task_id = '{}' AND step = 2",
+            task.id
+        ))
+        .await?;
+        match state_at(store.as_ref(), &task.id, 2, 5).await {
+            Err(StoreError::Corrupt { step: 2, .. }) => {}
+            other => bail!("expected Corrupt at 2, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fork, compaction, deletion, statistics
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_copies_history_up_to_its_step_and_records_its_parent() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open_with(2).await?;
+        let spec = NewTask {
+            tools: control_specs(),
+            context_budget: Some(900),
+            environment: Some(json!({"kind": "warehouse"})),
+            ..new_task()
+        };
+        let parent = store.create_task(spec, &json!({"base": true})).await?;
+        let states = run_steps(store.as_ref(), &parent.id, 5, &[2]).await?;
+        let parent = store.task(&parent.id).await?;
+
+        for at in [3u64, 4] {
+            let fork = store
+                .fork_task(
+                    &parent.id,
+                    at,
+                    &states[at as usize],
+                    Some(&json!({"forked": at})),
+                )
+                .await?;
+            assert_ne!(fork.id, parent.id);
+            assert_eq!(fork.parent, Some((parent.id.clone(), at)));
+            assert_eq!(fork.version, at);
+            assert_eq!(fork.state, states[at as usize]);
+            assert_eq!(fork.status, TaskStatus::Running);
+            assert_eq!(fork.env_checkpoint, Some(json!({"forked": at})));
+            assert_eq!(
+                (
+                    &fork.skill,
+                    &fork.tools,
+                    fork.context,
+                    fork.context_budget,
+                    &fork.model,
+                    &fork.environment
+                ),
+                (
+                    &parent.skill,
+                    &parent.tools,
+                    parent.context,
+                    parent.context_budget,
+                    &parent.model,
+                    &parent.environment
+                )
+            );
+
+            let journal: Vec<JournalEntry> = store
+                .journal(&parent.id)
+                .await?
+                .into_iter()
+                .filter(|e| e.step <= at)
+                .collect();
+            assert_eq!(store.journal(&fork.id).await?, journal);
+            assert_eq!(journal.len() as u64, at + 1, "the rejection is copied too");
+            let intents: Vec<IntentRecord> = store
+                .intents(&parent.id)
+                .await?
+                .into_iter()
+                .filter(|i| i.step <= at)
+                .collect();
+            assert_eq!(store.intents(&fork.id).await?, intents);
+            let observations: Vec<(u64, String)> = store
+                .observations(&parent.id)
+                .await?
+                .into_iter()
+                .filter(|(step, _)| *step <= at + 1)
+                .collect();
+            assert_eq!(store.observations(&fork.id).await?, observations);
+            // At 4 the fork's own snapshot replaces the copied one at the same step.
+            assert_eq!(
+                store.snapshot_before(&fork.id, at).await?,
+                Some((at, states[at as usize].clone()))
+            );
+            for step in 0..=at {
+                assert_eq!(
+                    state_at(store.as_ref(), &fork.id, step, at).await?,
+                    states[step as usize]
+                );
+            }
+
+            // The fork goes on by itself; the parent does not move.
+            let next = step_commit(at + 1, &states[at as usize], json!({"fork": at}), false);
+            store.commit_step(&fork.id, at, &next).await?;
+            assert_eq!(store.task(&fork.id).await?.state, next.new_state);
+            assert_eq!(store.task(&parent.id).await?, parent);
+        }
+
+        match store.fork_task(&parent.id, 6, &json!({}), None).await {
+            Err(StoreError::NoSuchStep {
+                step: 6,
+                version: 5,
+                ..
+            }) => {}
+            other => bail!("expected NoSuchStep, got {other:?}"),
+        }
+        match store.fork_task("0000", 0, &json!({}), None).await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("expected NotFound, got {other:?}"),
+        }
+        assert_eq!(store.list_tasks().await?.len(), 3);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_keeps_later_steps_rebuildable_and_reports_earlier_ones_compacted()
+-> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open_with(3).await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let states = run_steps(store.as_ref(), &task.id, 8, &[]).await?;
+
+        // Base step 3 already has a snapshot, which is replaced. Deleted: journal, intent and
+        // observation rows of steps 1..=3 and the snapshot at 0.
+        let deleted = store.compact_task(&task.id, 4, &states[3]).await?;
+        assert_eq!(deleted, 3 + 3 + 3 + 1);
+        // Base step 5 has none. Deleted: steps 4 and 5 of each kind and the snapshot at 3.
+        let deleted = store.compact_task(&task.id, 6, &states[5]).await?;
+        assert_eq!(deleted, 2 + 2 + 2 + 1);
+
+        for step in 0..5 {
+            match state_at(store.as_ref(), &task.id, step, 8).await {
+                Err(StoreError::Compacted { step: s, .. }) => assert_eq!(s, step),
+                other => bail!("step {step}: expected Compacted, got {other:?}"),
+            }
+        }
+        for step in 5..=8 {
+            assert_eq!(
+                state_at(store.as_ref(), &task.id, step, 8).await?,
+                states[step as usize]
+            );
+        }
+        let journal_steps: Vec<u64> = store
+            .journal(&task.id)
+            .await?
+            .iter()
+            .map(|e| e.step)
+            .collect();
+        assert_eq!(journal_steps, [6, 7, 8]);
+        let intent_steps: Vec<u64> = store
+            .intents(&task.id)
+            .await?
+            .iter()
+            .map(|i| i.step)
+            .collect();
+        assert_eq!(intent_steps, [6, 7, 8]);
+        let observation_steps: Vec<u64> = store
+            .observations(&task.id)
+            .await?
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
+        assert_eq!(observation_steps, [6, 7, 8, 9]);
+
+        // The task itself is untouched and carries on.
+        let stored = store.task(&task.id).await?;
+        assert_eq!((stored.version, &stored.state), (8, &states[8]));
+        let next = step_commit(9, &states[8], json!({"after": "gc"}), false);
+        store.commit_step(&task.id, 8, &next).await?;
+        assert_eq!(
+            state_at(store.as_ref(), &task.id, 9, 9).await?,
+            next.new_state
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_task_removes_what_it_owns_and_unlinks_its_forks() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open_with(1).await?;
+        let parent = store.create_task(new_task(), &json!({})).await?;
+        let states = run_steps(store.as_ref(), &parent.id, 2, &[]).await?;
+        store.record_rejection(&parent.id, &rejected(3, 1)).await?;
+        let fork = store.fork_task(&parent.id, 1, &states[1], None).await?;
+        let other = store.create_task(new_task(), &json!({"other": 1})).await?;
+
+        store.delete_task(&parent.id).await?;
+        match store.task(&parent.id).await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("expected NotFound, got {other:?}"),
+        }
+        for table in ["tasks", "journal", "intents", "observations", "snapshots"] {
+            let column = if table == "tasks" { "id" } else { "task_id" };
+            let left = db
+                .count(&format!(
+                    "SELECT COUNT(*) FROM {table} WHERE {column} = '{}'",
+                    parent.id
+                ))
+                .await?;
+            assert_eq!(left, 0, "{table} still holds rows of the deleted task");
+        }
+
+        let fork_after = store.task(&fork.id).await?;
+        assert_eq!(fork_after.parent, None);
+        assert_eq!(store.journal(&fork.id).await?.len(), 1);
+        assert_eq!(state_at(store.as_ref(), &fork.id, 1, 1).await?, states[1]);
+        assert_eq!(store.task(&other.id).await?, other);
+
+        match store.delete_task(&parent.id).await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("a second delete should be NotFound, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// The documented per-row accounting: text bytes plus fixed sizes for integer columns.
+fn journal_row_bytes(task: &str, entry: &JournalEntry) -> u64 {
+    let json_len = |v: &Option<Value>| v.as_ref().map_or(0, |v| v.to_string().len());
+    let verdict = match entry.verdict {
+        Verdict::Accepted => "accepted",
+        Verdict::Rejected => "rejected",
+    };
+    (task.len()
+        + 8
+        + 4
+        + verdict.len()
+        + entry.output.len()
+        + json_len(&entry.patch)
+        + json_len(&entry.action)
+        + json_len(&entry.errors)
+        + entry.state_hash.as_ref().map_or(0, String::len)
+        + 8
+        + entry.prompt_hash.len()
+        + json_len(&entry.usage)
+        + 16) as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({"inventory": {"shelf_1": "item_1"}});
+        let task = store.create_task(new_task(), &initial).await?;
+        let snapshot_bytes = (initial.to_string().len() + state_hash(&initial).len()) as u64;
+        assert_eq!(
+            store.storage_stats(&task.id).await?,
+            StorageStats {
+                steps: 0,
+                journal_bytes: 0,
+                intent_bytes: 0,
+                observation_bytes: "start".len() as u64,
+                snapshot_bytes,
+            }
+        );
+
+        // Non-ASCII text: the stats count bytes, not characters.
+        let mut commit = step_commit(1, &initial, json!({"note": "café ✓"}), true);
+        commit.entry.output = "réponse: {\"note\": \"café ✓\"}".into();
+        store.commit_step(&task.id, 0, &commit).await?;
+        let result = ActionResult {
+            next_observation: "étagère 1 pleine".into(),
+            ..action_result(1)
+        };
+        store.record_action_result(&task.id, &result).await?;
+        let intent = commit.intent.as_ref().unwrap();
+        let intent_bytes = (task.id.len()
+            + 8
+            + intent.tool.len()
+            + intent.args.to_string().len()
+            + intent.idempotency_key.len()
+            + intent.side_effect.len()
+            + "done".len()
+            + 8
+            + result.result.len()
+            + 16) as u64;
+        let stats = store.storage_stats(&task.id).await?;
+        assert_eq!(
+            stats,
+            StorageStats {
+                steps: 1,
+                journal_bytes: journal_row_bytes(&task.id, &commit.entry),
+                intent_bytes,
+                observation_bytes: ("start".len() + "étagère 1 pleine".len()) as u64,
+                snapshot_bytes,
+            }
+        );
+        assert!(stats.journal_bytes > 0 && stats.intent_bytes > 0);
+        assert_eq!(
+            stats.journal_bytes_per_step(),
+            (stats.journal_bytes + stats.intent_bytes) as f64
+        );
+
+        // A rejection adds journal bytes, not steps.
+        store.record_rejection(&task.id, &rejected(2, 1)).await?;
+        let after = store.storage_stats(&task.id).await?;
+        assert_eq!(after.steps, 1);
+        assert_eq!(
+            after.journal_bytes,
+            stats.journal_bytes + journal_row_bytes(&task.id, &rejected(2, 1))
+        );
+
+        match store.storage_stats("0000").await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("expected NotFound, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening and migrations
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_and_repeated_opens_apply_each_migration_once() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        if let Target::Sqlite { path, .. } = &db.target {
+            // SQLite cannot switch a fresh file to WAL from several connections at once: the
+            // journal_mode pragma of all but one fails with "database is locked" before the busy
+            // timeout applies (a limitation of `SqliteStore::open`, not of its migrations). So
+            // the file starts out empty but already in WAL mode, and the race is on migrating.
+            let options = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+            sqlx::SqliteConnection::connect_with(&options)
+                .await?
+                .close()
+                .await?;
+            assert_eq!(
+                db.count("SELECT COUNT(*) FROM sqlite_master").await?,
+                0,
+                "the file must start without tables"
+            );
+        }
+        let opens: Vec<_> = (0..4)
+            .map(|_| {
+                let db = db.clone();
+                tokio::spawn(async move { db.open().await })
+            })
+            .collect();
+        let mut stores = Vec::new();
+        for open in opens {
+            stores.push(open.await??);
+        }
+        let again = db.open().await?;
+        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 1);
+        assert_eq!(
+            db.count("SELECT MAX(version) FROM schema_migrations")
+                .await?,
+            1
+        );
+
+        let task = stores[0].create_task(new_task(), &json!({"x": 1})).await?;
+        assert_eq!(again.task(&task.id).await?, task);
+        assert_eq!(stores[3].list_tasks().await?.len(), 1);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        db.open().await?;
+        db.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, 'from the future', 0)",
+        )
+        .await?;
+        match db.open().await {
+            Err(StoreError::SchemaTooNew {
+                found: 999,
+                supported: 1,
+            }) => {}
+            Err(other) => bail!("expected SchemaTooNew, got {other}"),
+            Ok(_) => bail!("a newer schema was accepted"),
+        }
+        match skillstate_store::open(&db.location()).await {
+            Err(StoreError::SchemaTooNew { found: 999, .. }) => {}
+            Err(other) => bail!("expected SchemaTooNew, got {other}"),
+            Ok(_) => bail!("a newer schema was accepted"),
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_picks_the_backend_from_the_location() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let mut locations = vec![db.location()];
+        if db.backend == Backend::Postgres {
+            // The schema comes from the URL's `options`, as an operator would configure it.
+            locations.push(db.location().replacen("postgres://", "postgresql://", 1));
+        }
+        let direct = db.open().await?;
+        for location in locations {
+            let store = skillstate_store::open(&location).await?;
+            let task = store
+                .create_task(new_task(), &json!({"via": location}))
+                .await?;
+            assert_eq!(direct.task(&task.id).await?, task, "{location}");
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn postgres_errors_name_the_location_without_its_password() -> anyhow::Result<()> {
+    // Nothing listens on port 1; the error must say where it tried, minus the secret.
+    let url = "postgres://skillstate:hunter2@127.0.0.1:1/none";
+    match skillstate_store::open(url).await {
+        Err(StoreError::Open { location, message }) => {
+            assert_eq!(location, "postgres://skillstate:***@127.0.0.1:1/none");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        Err(other) => bail!("expected an Open error, got {other}"),
+        Ok(_) => bail!("opened a store on port 1"),
+    }
+    let url = "postgresql://127.0.0.1:1/none?user=skillstate&password=hunter2&sslmode=disable";
+    match skillstate_store::open(url).await {
+        Err(StoreError::Open { location, message }) => {
+            assert_eq!(
+                location,
+                "postgresql://127.0.0.1:1/none?user=skillstate&password=***&sslmode=disable"
+            );
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        Err(other) => bail!("expected an Open error, got {other}"),
+        Ok(_) => bail!("opened a store on port 1"),
+    }
+    match PostgresStore::open_in_schema(DEFAULT_POSTGRES_URL, "x; DROP TABLE tasks").await {
+        Err(StoreError::Open { message, .. }) => assert!(message.contains("schema name")),
+        Err(other) => bail!("expected an Open error, got {other}"),
+        Ok(_) => bail!("accepted a schema name that needs quoting"),
+    }
+    Ok(())
+}
