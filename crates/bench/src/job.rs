@@ -99,6 +99,7 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
         model: model.spec(),
         context: spec.strategy,
         context_budget: ctx.budget,
+        environment: None,
     };
     let task = start_task(store.as_ref(), &skill, env.as_mut(), &options)
         .await

@@ -107,13 +107,7 @@ impl BenchReport {
                         let costs: Vec<f64> = runs
                             .iter()
                             .filter_map(|r| r.provider_usage.as_ref())
-                            .map(|u| {
-                                let cached = u.cached_input_tokens.unwrap_or(0).min(u.input_tokens);
-                                ((u.input_tokens - cached) as f64 * price.input
-                                    + cached as f64 * price.cached_input.unwrap_or(price.input)
-                                    + u.output_tokens as f64 * price.output)
-                                    / 1_000_000.0
-                            })
+                            .map(|u| price.cost(u))
                             .collect();
                         (!costs.is_empty()).then(|| mean_sd(&costs).mean)
                     }),

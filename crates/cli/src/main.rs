@@ -1,8 +1,10 @@
 //! The `skillstate` command: wires the crates together; no logic of its own beyond presentation.
 
 mod commands;
+mod config;
 mod model;
 mod render;
+mod toolbox;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +43,12 @@ enum Command {
     Pending,
     /// Answer a waiting task and run it on.
     Reply(commands::lineage::ReplyArgs),
+    /// Run the action a task waits to have approved, exactly once, and continue.
+    Approve(commands::lineage::ApproveArgs),
+    /// Refuse the action a task waits to have approved; the reason becomes its result.
+    Reject(commands::lineage::RejectArgs),
+    /// List every tool a skill can use: source, side-effect class, approval, input schema.
+    Tools(commands::tools::ToolsArgs),
     /// Start a new task from the state after a step of another; the original is untouched.
     Fork(commands::lineage::ForkArgs),
     /// Re-derive every state from the journal and check every recorded hash.
@@ -76,14 +84,23 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Validate { skill } => commands::validate::run(&skill),
+            Command::Validate { skill } => commands::validate::run(&skill, cli.config.as_deref()),
             Command::Run(args) => commands::run::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Tasks => commands::tasks::run(&cli.db).await,
             Command::Resume(args) => {
                 commands::lineage::resume(&cli.db, cli.config.as_deref(), args).await
             }
-            Command::Fork(args) => commands::lineage::fork(&cli.db, args).await,
+            Command::Fork(args) => {
+                commands::lineage::fork(&cli.db, cli.config.as_deref(), args).await
+            }
             Command::Pending => commands::lineage::pending(&cli.db).await,
+            Command::Approve(args) => {
+                commands::lineage::approve(&cli.db, cli.config.as_deref(), args).await
+            }
+            Command::Reject(args) => {
+                commands::lineage::reject(&cli.db, cli.config.as_deref(), args).await
+            }
+            Command::Tools(args) => commands::tools::run(cli.config.as_deref(), args).await,
             Command::Reply(args) => {
                 commands::lineage::reply(&cli.db, cli.config.as_deref(), args).await
             }

@@ -1,12 +1,11 @@
 //! Choosing the model: `--model`/`--base-url`/`--constrain` over `[model]` in skillstate.toml.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use skillstate_providers::{Config, Constrain, ModelProvider, ProviderSettings};
+use skillstate_providers::{Constrain, ModelProvider, ProviderSettings};
 
-pub const CONFIG_FILE: &str = "skillstate.toml";
+use crate::config::{CONFIG_FILE, Config};
 
 #[derive(clap::Args, Clone, Default)]
 pub struct ModelArgs {
@@ -29,18 +28,6 @@ fn parse_constrain(text: &str) -> Result<Constrain, String> {
             Constrain::NAMES.join(", ")
         )
     })
-}
-
-/// Reads `path`, or ./skillstate.toml when it exists, or the defaults.
-pub fn load_config(path: Option<&Path>) -> Result<Config> {
-    let path = match path {
-        Some(path) => path.to_path_buf(),
-        None if Path::new(CONFIG_FILE).is_file() => Path::new(CONFIG_FILE).to_path_buf(),
-        None => return Ok(Config::default()),
-    };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    Config::from_toml(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 impl ModelArgs {

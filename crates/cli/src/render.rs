@@ -131,6 +131,15 @@ pub fn describe_outcome(outcome: &Value) -> String {
             text
         }
         "finish" => format!("finished with result {}", outcome["result"]),
+        "approval" => format!(
+            "waiting for approval of {} {} (skillstate approve / reject)",
+            outcome["tool"].as_str().unwrap_or("?"),
+            outcome["args"]
+        ),
+        "unknown_outcome" => format!(
+            "waiting for a human: {}",
+            outcome["question"].as_str().unwrap_or("")
+        ),
         "ask_user" => format!(
             "waiting for an answer to: {}",
             outcome["question"].as_str().unwrap_or("")

@@ -148,6 +148,7 @@ mod tests {
             input_schema: json!({"type": "object"}),
             side_effect: SideEffect::ReadOnly,
             source: "t".into(),
+            needs_approval: false,
         };
         let schema = step_output_schema(&state, &[tool]);
         let keys: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();

@@ -37,6 +37,9 @@ pub struct ToolSpec {
     pub side_effect: SideEffect,
     /// Which tool set or server provides it (`warehouse`, `fs`, an MCP server name, ...).
     pub source: String,
+    /// A human must approve each call before it runs (the approval policy said so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_approval: bool,
 }
 
 /// Control actions every skill has; they are handled by the runtime, not by a tool.
@@ -52,6 +55,7 @@ pub fn control_specs() -> Vec<ToolSpec> {
             input_schema: json!({"type": "object", "properties": {"result": {}}, "additionalProperties": false}),
             side_effect: SideEffect::ReadOnly,
             source: "runtime".into(),
+            needs_approval: false,
         },
         ToolSpec {
             name: ASK_USER.into(),
@@ -66,6 +70,7 @@ pub fn control_specs() -> Vec<ToolSpec> {
             }),
             side_effect: SideEffect::ReadOnly,
             source: "runtime".into(),
+            needs_approval: false,
         },
     ]
 }
@@ -160,6 +165,7 @@ mod tests {
             input_schema: json!({"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}),
             side_effect: SideEffect::Effectful,
             source: "warehouse".into(),
+            needs_approval: false,
         }
     }
 

@@ -31,6 +31,7 @@ fn catalog() -> ToolCatalog {
         }),
         side_effect: SideEffect::Effectful,
         source: "warehouse".into(),
+        needs_approval: false,
     }])
     .unwrap()
 }

@@ -392,6 +392,7 @@ fn spec(op: Op) -> ToolSpec {
         input_schema: json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false}),
         side_effect,
         source: KIND.into(),
+        needs_approval: false,
     }
 }
 

@@ -23,7 +23,7 @@ pub use anthropic::AnthropicProvider;
 pub use http::RateLimiter;
 pub use openai::OpenAiProvider;
 pub use scripted::ScriptedModel;
-pub use settings::{Config, Constrain, Price, ProviderSettings};
+pub use settings::{Constrain, Price, ProviderSettings};
 
 /// One model call.
 #[derive(Debug, Clone)]

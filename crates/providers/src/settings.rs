@@ -1,7 +1,6 @@
 //! Model settings: `[model]` and `[prices]` in `skillstate.toml`, environment variables and
 //! flags. Secrets never live here: only the NAME of the environment variable holding a key.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -108,42 +107,18 @@ pub struct Price {
     pub cached_input: Option<f64>,
 }
 
-/// `skillstate.toml`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    pub model: ProviderSettings,
-    /// Prices by model spec (`[prices."openai:gpt-4.1-mini"]`). No built-in prices: they go stale.
-    pub prices: BTreeMap<String, Price>,
-}
-
-impl Config {
-    /// Parses `skillstate.toml` text; errors name the line.
-    pub fn from_toml(text: &str, file: &str) -> Result<Self, String> {
-        toml::from_str::<Config>(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
-                .map(|l| format!(":{l}"))
-                .unwrap_or_default();
-            format!("{file}{line}: {}", e.message())
-        })
-    }
-
-    /// The estimated cost in USD of `usage` under `spec`, if a price is configured.
-    pub fn cost(&self, spec: &str, usage: &crate::Usage) -> Option<f64> {
-        let price = self.prices.get(spec)?;
+impl Price {
+    /// Estimated cost in USD of `usage` at this price.
+    pub fn cost(&self, usage: &crate::Usage) -> f64 {
         let cached = usage
             .cached_input_tokens
             .unwrap_or(0)
             .min(usage.input_tokens);
         let fresh = usage.input_tokens - cached;
-        Some(
-            (fresh as f64 * price.input
-                + cached as f64 * price.cached_input.unwrap_or(price.input)
-                + usage.output_tokens as f64 * price.output)
-                / 1_000_000.0,
-        )
+        (fresh as f64 * self.input
+            + cached as f64 * self.cached_input.unwrap_or(self.input)
+            + usage.output_tokens as f64 * self.output)
+            / 1_000_000.0
     }
 }
 
@@ -152,28 +127,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_model_and_prices_and_names_bad_lines() {
-        let config = Config::from_toml(
-            "[model]\nspec = \"openai:m\"\nconstrain = \"json-object\"\nrequests_per_minute = 30\n[prices.\"openai:m\"]\ninput = 2.0\noutput = 8.0\ncached_input = 0.5\n",
-            "skillstate.toml",
-        )
-        .unwrap();
-        assert_eq!(config.model.constrain, Constrain::JsonObject);
-        assert_eq!(config.model.max_tokens, 1024);
+    fn cost_counts_cached_tokens_at_their_price() {
+        let price = Price {
+            input: 2.0,
+            output: 8.0,
+            cached_input: Some(0.5),
+        };
         let usage = crate::Usage {
             input_tokens: 1_000_000,
             output_tokens: 500_000,
             cached_input_tokens: Some(400_000),
             cache_write_tokens: None,
         };
-        let cost = config.cost("openai:m", &usage).unwrap();
-        assert!(
-            (cost - (0.6 * 2.0 + 0.4 * 0.5 + 0.5 * 8.0)).abs() < 1e-9,
-            "{cost}"
-        );
-        assert!(config.cost("openai:other", &usage).is_none());
-        let error =
-            Config::from_toml("[model]\napi_key = \"sk-123\"\n", "skillstate.toml").unwrap_err();
-        assert!(error.starts_with("skillstate.toml:2"), "{error}");
+        assert!((price.cost(&usage) - (0.6 * 2.0 + 0.4 * 0.5 + 0.5 * 8.0)).abs() < 1e-9);
+        let plain = Price {
+            input: 1.0,
+            output: 1.0,
+            cached_input: None,
+        };
+        assert!((plain.cost(&usage) - 1.5).abs() < 1e-9);
     }
 }

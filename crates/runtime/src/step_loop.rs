@@ -78,6 +78,9 @@ pub struct TaskOptions {
     pub context: ContextStrategy,
     /// Token budget for `window` and `summary` (see `PromptInput::context_budget`).
     pub context_budget: Option<usize>,
+    /// What to record as the task's environment, when it is not the skill's own
+    /// `[environment]` (for example the work directory and MCP servers of a tool box).
+    pub environment: Option<Value>,
 }
 
 impl TaskOptions {
@@ -86,6 +89,7 @@ impl TaskOptions {
             model: model.into(),
             context,
             context_budget: None,
+            environment: None,
         }
     }
 }
@@ -108,11 +112,13 @@ pub async fn start_task(
         context: options.context,
         context_budget: options.context_budget,
         model: options.model.clone(),
-        environment: skill
-            .settings()
-            .environment
-            .as_ref()
-            .and_then(|e| serde_json::to_value(e).ok()),
+        environment: options.environment.clone().or_else(|| {
+            skill
+                .settings()
+                .environment
+                .as_ref()
+                .and_then(|e| serde_json::to_value(e).ok())
+        }),
         env_checkpoint: Some(env.checkpoint()),
         opening_observation,
     };
@@ -469,8 +475,23 @@ impl<'a> Runner<'a> {
                 Ok(accepted) => {
                     let answer = entry.output.clone();
                     let action = accepted.action.summary();
+                    let needs_approval = match &accepted.action {
+                        Action::Tool { name, .. } => {
+                            frame.catalog.get(name).is_some_and(|t| t.needs_approval)
+                        }
+                        _ => false,
+                    };
                     let (end, result) = self
-                        .commit_and_act(task, step, entry, accepted, state, version, env_tools)
+                        .commit_and_act(
+                            task,
+                            step,
+                            entry,
+                            accepted,
+                            state,
+                            version,
+                            env_tools,
+                            needs_approval,
+                        )
                         .await?;
                     if frame.context.uses_turns() {
                         turns.push(Turn {
@@ -510,6 +531,7 @@ impl<'a> Runner<'a> {
         state: &mut Value,
         version: &mut u64,
         env_tools: &[Arc<dyn Tool>],
+        needs_approval: bool,
     ) -> Result<(StepEnd, Option<String>), RuntimeError> {
         entry.verdict = Verdict::Accepted;
         entry.patch = Some(accepted.patch.to_value());
@@ -520,6 +542,14 @@ impl<'a> Runner<'a> {
                 let side_effect = find_tool(env_tools, name)
                     .map(|t| t.spec().side_effect.as_str())
                     .unwrap_or("effectful");
+                let pause = needs_approval.then(|| {
+                    (
+                        TaskStatus::AwaitingApproval,
+                        Some(
+                            json!({"reason": "approval", "tool": name, "args": args, "step": step}),
+                        ),
+                    )
+                });
                 (
                     Some(NewIntent {
                         tool: name.clone(),
@@ -527,7 +557,7 @@ impl<'a> Runner<'a> {
                         idempotency_key: CallContext::new(task, step).idempotency_key,
                         side_effect: side_effect.to_owned(),
                     }),
-                    None,
+                    pause,
                 )
             }
             Action::Finish { result } => (
@@ -660,9 +690,61 @@ impl<'a> Runner<'a> {
         Ok(false)
     }
 
-    /// Answers a paused task — an `ask_user` question or an action whose outcome is unknown —
-    /// and runs it on: the answer becomes the paused action's result and opens the next step.
-    pub async fn reply(&mut self, task_id: &str, answer: &str) -> Result<RunOutcome, RuntimeError> {
+    /// Runs the action waiting for approval, exactly once, and continues the task.
+    pub async fn approve(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
+        let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingApproval).await?;
+        if let Some(checkpoint) = &task.env_checkpoint {
+            self.env.restore(checkpoint)?;
+        }
+        // Running first: if this process dies inside the tool, a restart treats the action as
+        // any interrupted one (never re-run blindly) instead of asking for approval again.
+        self.store
+            .set_status(&task.id, TaskStatus::Running, None)
+            .await?;
+        let env_tools = self.env.tools();
+        let output = self
+            .execute(
+                &task.id,
+                intent.step,
+                &intent.tool,
+                &intent.args,
+                &env_tools,
+            )
+            .await;
+        failpoint("after_tool");
+        self.record_result(&task.id, intent.step, output).await?;
+        self.run(&task.id).await
+    }
+
+    /// Refuses the action waiting for approval; the refusal and its reason become the next
+    /// observation, and the task continues.
+    pub async fn reject(
+        &mut self,
+        task_id: &str,
+        reason: &str,
+    ) -> Result<RunOutcome, RuntimeError> {
+        let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingApproval).await?;
+        if let Some(checkpoint) = &task.env_checkpoint {
+            self.env.restore(checkpoint)?;
+        }
+        let text = format!(
+            "A human rejected `{}` with args {}: {reason}",
+            intent.tool, intent.args
+        );
+        self.record_result(&task.id, intent.step, ToolOutput::failure(text))
+            .await?;
+        self.store
+            .set_status(&task.id, TaskStatus::Running, None)
+            .await?;
+        self.run(&task.id).await
+    }
+
+    /// The task and its pending intent, if the task is in `status`.
+    async fn waiting(
+        &self,
+        task_id: &str,
+        status: TaskStatus,
+    ) -> Result<(TaskRecord, skillstate_store::IntentRecord), RuntimeError> {
         let task = self.store.task(task_id).await?;
         let pending = self
             .store
@@ -670,12 +752,19 @@ impl<'a> Runner<'a> {
             .await?
             .into_iter()
             .find(|i| i.step == task.version && !i.done);
-        let (TaskStatus::AwaitingInput, Some(intent)) = (task.status, pending) else {
-            return Err(RuntimeError::StoredTask {
+        match pending {
+            Some(intent) if task.status == status => Ok((task, intent)),
+            _ => Err(RuntimeError::StoredTask {
                 task: task.id.clone(),
-                message: format!("it is {}, not waiting for an answer", task.status.as_str()),
-            });
-        };
+                message: format!("it is {}, not {}", task.status.as_str(), status.as_str()),
+            }),
+        }
+    }
+
+    /// Answers a paused task — an `ask_user` question or an action whose outcome is unknown —
+    /// and runs it on: the answer becomes the paused action's result and opens the next step.
+    pub async fn reply(&mut self, task_id: &str, answer: &str) -> Result<RunOutcome, RuntimeError> {
+        let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingInput).await?;
         if let Some(checkpoint) = &task.env_checkpoint {
             self.env.restore(checkpoint)?;
         }

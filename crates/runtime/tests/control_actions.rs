@@ -197,6 +197,7 @@ impl Till {
             input_schema: json!({"type": "object"}),
             side_effect,
             source: "till".into(),
+            needs_approval: false,
         };
         Self {
             tools: vec![Arc::new(Counter { spec, calls })],

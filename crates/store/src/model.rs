@@ -11,6 +11,8 @@ pub enum TaskStatus {
     Completed,
     Failed,
     AwaitingInput,
+    /// An action waits for a human's approval before it runs.
+    AwaitingApproval,
 }
 
 impl TaskStatus {
@@ -20,6 +22,7 @@ impl TaskStatus {
             TaskStatus::Completed => "completed",
             TaskStatus::Failed => "failed",
             TaskStatus::AwaitingInput => "awaiting_input",
+            TaskStatus::AwaitingApproval => "awaiting_approval",
         }
     }
 
@@ -29,6 +32,8 @@ impl TaskStatus {
             "completed" => TaskStatus::Completed,
             "failed" => TaskStatus::Failed,
             "awaiting_input" => TaskStatus::AwaitingInput,
+            "awaiting_approval" => TaskStatus::AwaitingApproval,
+
             _ => return None,
         })
     }

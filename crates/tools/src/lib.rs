@@ -144,17 +144,50 @@ pub fn find_tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> Option<&'a Arc<d
     tools.iter().find(|t| t.spec().name == name)
 }
 
-/// The world of a skill without a built-in environment: no tools of its own, and the user's
-/// request as the opening observation.
+/// The world of a skill without a built-in environment: the user's request as the opening
+/// observation, and whatever tools the skill was given (built-in file and shell tools, MCP
+/// servers).
 pub struct UserRequest {
     request: String,
+    tools: Vec<Arc<dyn Tool>>,
 }
 
 impl UserRequest {
     pub fn new(request: impl Into<String>) -> Self {
         Self {
             request: request.into(),
+            tools: Vec::new(),
         }
+    }
+
+    pub fn with_tools(mut self, tools: Vec<Arc<dyn Tool>>) -> Self {
+        self.tools = tools;
+        self
+    }
+}
+
+/// A tool whose description the operator changed (today: whether it needs approval).
+pub struct WithPolicy {
+    inner: Arc<dyn Tool>,
+    spec: ToolSpec,
+}
+
+impl WithPolicy {
+    pub fn new(inner: Arc<dyn Tool>, needs_approval: bool) -> Self {
+        let mut spec = inner.spec().clone();
+        spec.needs_approval = needs_approval;
+        Self { inner, spec }
+    }
+}
+
+#[async_trait]
+impl Tool for WithPolicy {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        self.inner.call(args, ctx).await
     }
 }
 
@@ -164,7 +197,7 @@ impl Environment for UserRequest {
     }
 
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        Vec::new()
+        self.tools.clone()
     }
 
     fn opening_observation(&mut self) -> String {

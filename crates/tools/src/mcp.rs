@@ -189,6 +189,7 @@ impl McpTool {
                 input_schema,
                 side_effect,
                 source: server.name.clone(),
+                needs_approval: false,
             },
             remote_name,
             destructive: side_effect == SideEffect::Effectful

@@ -6,7 +6,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use skillstate_bench::{BenchConfig, run_bench, write_outputs};
 use skillstate_core::ContextStrategy;
 
-use crate::model::{ModelArgs, build_model, load_config};
+use crate::config::load_config;
+use crate::model::{ModelArgs, build_model};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {

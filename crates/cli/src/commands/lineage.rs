@@ -4,38 +4,22 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
-use skillstate_core::skill::EnvironmentSettings;
+use anyhow::{Result, bail};
 use skillstate_providers::ModelProvider;
 use skillstate_runtime::{NoProgress, Runner, fork_task, verify_journal};
 use skillstate_store::{TaskRecord, TaskStatus, state_at};
-use skillstate_tools::{Environment, UserRequest};
 
-use crate::model::{ModelArgs, build_model, load_config};
+use super::{World, world_of_task};
+use crate::config::load_config;
+use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
-/// The world a stored task runs in, rebuilt from the settings it was created with.
-fn environment_of(task: &TaskRecord, for_replay: bool) -> Result<Box<dyn Environment>> {
-    match &task.environment {
-        Some(value) => {
-            let mut settings: EnvironmentSettings = serde_json::from_value(value.clone())
-                .context("the task's stored environment settings")?;
-            if for_replay {
-                // Replaying a simulation must not write to the real audit log again.
-                settings.params.remove("audit_log");
-            }
-            Ok(skillstate_envs::build_environment(&settings)?)
-        }
-        None => Ok(Box::new(UserRequest::new(String::new()))),
-    }
-}
-
 /// The model (the task's own unless overridden) and the world a stored task continues with.
-fn model_and_world(
+async fn model_and_world(
     task: &TaskRecord,
     config_path: Option<&Path>,
     model_args: &ModelArgs,
-) -> Result<(Arc<dyn ModelProvider>, Box<dyn Environment>)> {
+) -> Result<(Arc<dyn ModelProvider>, World)> {
     let config = load_config(config_path)?;
     let (spec, settings) = model_args.resolve(&config, Some(&task.model))?;
     let kind = task
@@ -44,10 +28,60 @@ fn model_and_world(
         .and_then(|e| e.get("kind"))
         .and_then(|k| k.as_str())
         .map(str::to_owned);
-    Ok((
-        build_model(&spec, &settings, kind.as_deref())?,
-        environment_of(task, false)?,
-    ))
+    let model = build_model(&spec, &settings, kind.as_deref())?;
+    Ok((model, world_of_task(task, &config, false).await?))
+}
+
+/// What a stored task is told before it continues.
+enum Decision<'a> {
+    Resume,
+    Reply(&'a str),
+    Approve,
+    Reject(&'a str),
+}
+
+/// Continues a stored task with its model and world, then shuts the world down.
+async fn continue_task(
+    db: &str,
+    config_path: Option<&Path>,
+    task_ref: &str,
+    model_args: &ModelArgs,
+    decision: Decision<'_>,
+) -> Result<ExitCode> {
+    let store = skillstate_store::open(db).await?;
+    let task = store.task(task_ref).await?;
+    if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running {
+        println!(
+            "{}",
+            outcome_line(&task.id, task.status, task.version, task.outcome.as_ref())
+        );
+        println!("nothing to resume: the task is {}", task.status.as_str());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (model, mut world) = model_and_world(&task, config_path, model_args).await?;
+    let mut observer = NoProgress;
+    let mut runner = Runner::new(store, model, world.env.as_mut(), &mut observer);
+    let outcome = match decision {
+        Decision::Resume => runner.run(&task.id).await,
+        Decision::Reply(answer) => runner.reply(&task.id, answer).await,
+        Decision::Approve => runner.approve(&task.id).await,
+        Decision::Reject(reason) => runner.reject(&task.id, reason).await,
+    };
+    world.shutdown().await;
+    let outcome = outcome?;
+    println!(
+        "{}",
+        outcome_line(
+            &outcome.task_id,
+            outcome.status,
+            outcome.steps,
+            outcome.outcome.as_ref()
+        )
+    );
+    Ok(match outcome.status {
+        TaskStatus::Failed => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
 }
 
 #[derive(clap::Args)]
@@ -64,25 +98,52 @@ pub struct ReplyArgs {
 
 /// Answers a paused task and runs it on.
 pub async fn reply(db: &str, config_path: Option<&Path>, args: ReplyArgs) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
-    let task = store.task(&args.task).await?;
-    let (model, mut env) = model_and_world(&task, config_path, &args.model)?;
-    let outcome = Runner::new(store, model, env.as_mut(), &mut NoProgress)
-        .reply(&task.id, &args.answer)
-        .await?;
-    println!(
-        "{}",
-        outcome_line(
-            &outcome.task_id,
-            outcome.status,
-            outcome.steps,
-            outcome.outcome.as_ref()
-        )
-    );
-    Ok(match outcome.status {
-        TaskStatus::Failed => ExitCode::FAILURE,
-        _ => ExitCode::SUCCESS,
-    })
+    continue_task(
+        db,
+        config_path,
+        &args.task,
+        &args.model,
+        Decision::Reply(&args.answer),
+    )
+    .await
+}
+
+#[derive(clap::Args)]
+pub struct ApproveArgs {
+    /// Task id or a unique prefix of it.
+    task: String,
+    /// Defaults to the model the task was started with.
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// Runs the action waiting for approval, once, and continues the task.
+pub async fn approve(db: &str, config_path: Option<&Path>, args: ApproveArgs) -> Result<ExitCode> {
+    continue_task(db, config_path, &args.task, &args.model, Decision::Approve).await
+}
+
+#[derive(clap::Args)]
+pub struct RejectArgs {
+    /// Task id or a unique prefix of it.
+    task: String,
+    /// Why; the model sees it as the action's result.
+    #[arg(long, default_value = "no reason given")]
+    reason: String,
+    /// Defaults to the model the task was started with.
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// Refuses the action waiting for approval; the task continues with the refusal as its result.
+pub async fn reject(db: &str, config_path: Option<&Path>, args: RejectArgs) -> Result<ExitCode> {
+    continue_task(
+        db,
+        config_path,
+        &args.task,
+        &args.model,
+        Decision::Reject(&args.reason),
+    )
+    .await
 }
 
 /// Tasks waiting for a human, with what they wait for.
@@ -90,24 +151,38 @@ pub async fn pending(db: &str) -> Result<ExitCode> {
     let store = skillstate_store::open(db).await?;
     let mut any = false;
     for summary in store.list_tasks().await? {
-        if summary.status != TaskStatus::AwaitingInput {
+        if !matches!(
+            summary.status,
+            TaskStatus::AwaitingInput | TaskStatus::AwaitingApproval
+        ) {
             continue;
         }
         let task = store.task(&summary.id).await?;
-        let question = task
-            .outcome
-            .as_ref()
-            .and_then(|o| o.get("question"))
-            .and_then(|q| q.as_str())
-            .unwrap_or("(no question recorded)");
+        let outcome = task.outcome.clone().unwrap_or_default();
+        let waiting = if task.status == TaskStatus::AwaitingApproval {
+            format!(
+                "approval of {} {}",
+                outcome["tool"].as_str().unwrap_or("?"),
+                outcome["args"]
+            )
+        } else {
+            format!(
+                "input: {}",
+                outcome["question"]
+                    .as_str()
+                    .unwrap_or("(no question recorded)")
+            )
+        };
         println!(
-            "{}  {}  step {}  waiting for input: {question}",
+            "{}  {}  step {}  waiting for {waiting}",
             task.id, task.skill.name, task.version
         );
         any = true;
     }
     if any {
-        println!("answer with: skillstate reply <task> \"...\"");
+        println!(
+            "answer with: skillstate reply <task> \"...\" | approve <task> | reject <task> --reason \"...\""
+        );
     } else {
         println!("no task is waiting");
     }
@@ -125,33 +200,7 @@ pub struct ResumeArgs {
 
 /// Continues a task after a crash, a kill or a reboot, from its last committed step.
 pub async fn resume(db: &str, config_path: Option<&Path>, args: ResumeArgs) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
-    let task = store.task(&args.task).await?;
-    if task.status != TaskStatus::Running {
-        println!(
-            "{}",
-            outcome_line(&task.id, task.status, task.version, task.outcome.as_ref())
-        );
-        println!("nothing to resume: the task is {}", task.status.as_str());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let (model, mut env) = model_and_world(&task, config_path, &args.model)?;
-    let outcome = Runner::new(store, model, env.as_mut(), &mut NoProgress)
-        .run(&task.id)
-        .await?;
-    println!(
-        "{}",
-        outcome_line(
-            &outcome.task_id,
-            outcome.status,
-            outcome.steps,
-            outcome.outcome.as_ref()
-        )
-    );
-    Ok(match outcome.status {
-        TaskStatus::Failed => ExitCode::FAILURE,
-        _ => ExitCode::SUCCESS,
-    })
+    continue_task(db, config_path, &args.task, &args.model, Decision::Resume).await
 }
 
 #[derive(clap::Args)]
@@ -163,11 +212,20 @@ pub struct ForkArgs {
     step: u64,
 }
 
-pub async fn fork(db: &str, args: ForkArgs) -> Result<ExitCode> {
+pub async fn fork(db: &str, config_path: Option<&Path>, args: ForkArgs) -> Result<ExitCode> {
     let store = skillstate_store::open(db).await?;
     let parent = store.task(&args.task).await?;
-    let mut env = environment_of(&parent, true)?;
-    let fork = fork_task(store.as_ref(), &parent.id, args.step, Some(env.as_mut())).await?;
+    let config = load_config(config_path)?;
+    let mut world = world_of_task(&parent, &config, true).await?;
+    let fork = fork_task(
+        store.as_ref(),
+        &parent.id,
+        args.step,
+        Some(world.env.as_mut()),
+    )
+    .await;
+    world.shutdown().await;
+    let fork = fork?;
     println!("{}", fork.id);
     eprintln!(
         "forked task {} at step {} (state hash {}); continue it with: skillstate resume {}",

@@ -3,14 +3,20 @@ pub mod lineage;
 pub mod run;
 pub mod show;
 pub mod tasks;
+pub mod tools;
 pub mod validate;
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use serde_json::Value;
 use skillstate_core::Skill;
-use skillstate_core::skill::{LoadedSkill, Severity};
+use skillstate_core::skill::{EnvironmentSettings, LoadedSkill, Severity};
+use skillstate_store::TaskRecord;
 use skillstate_tools::{Environment, UserRequest};
+
+use crate::config::Config;
+use crate::toolbox::{self, Toolbox};
 
 /// Loads a skill, printing warnings; errors come back as one message listing every problem.
 pub fn load_skill(dir: &Path) -> Result<Skill> {
@@ -22,8 +28,34 @@ pub fn load_skill(dir: &Path) -> Result<Skill> {
     Ok(skill)
 }
 
-/// The world a skill runs in: its built-in environment, or the user's request.
-pub fn environment_for(skill: &Skill, input: Option<&str>) -> Result<Box<dyn Environment>> {
+/// The world a task acts on, and the MCP servers to shut down afterwards.
+pub struct World {
+    pub env: Box<dyn Environment>,
+    pub toolbox: Option<Toolbox>,
+}
+
+impl World {
+    /// What to record as the task's environment, for a tool box.
+    pub fn record(&self) -> Option<Value> {
+        self.toolbox.as_ref().map(|t| t.record.clone())
+    }
+
+    pub async fn shutdown(&self) {
+        if let Some(toolbox) = &self.toolbox {
+            toolbox.shutdown().await;
+        }
+    }
+}
+
+/// The world a new task of `skill` runs in: its built-in environment, or the user's request
+/// with the tools the skill allows.
+pub async fn world_for(
+    skill: &Skill,
+    skill_dir: &Path,
+    input: Option<&str>,
+    work_dir_flag: Option<&Path>,
+    config: &Config,
+) -> Result<World> {
     match &skill.settings().environment {
         Some(settings) => {
             if input.is_some() {
@@ -33,7 +65,9 @@ pub fn environment_for(skill: &Skill, input: Option<&str>) -> Result<Box<dyn Env
                     settings.kind
                 );
             }
-            skillstate_envs::build_environment(settings).context("skill.toml [environment]")
+            let env =
+                skillstate_envs::build_environment(settings).context("skill.toml [environment]")?;
+            Ok(World { env, toolbox: None })
         }
         None => {
             let request = input.with_context(|| {
@@ -42,7 +76,42 @@ pub fn environment_for(skill: &Skill, input: Option<&str>) -> Result<Box<dyn Env
                     skill.name()
                 )
             })?;
-            Ok(Box::new(UserRequest::new(request)))
+            let dir = toolbox::work_dir(skill.settings(), Some(skill_dir), work_dir_flag)?;
+            let toolbox = toolbox::build(skill.settings(), &dir, config).await?;
+            let env = Box::new(UserRequest::new(request).with_tools(toolbox.tools.clone()));
+            Ok(World {
+                env,
+                toolbox: Some(toolbox),
+            })
         }
     }
+}
+
+/// The world a stored task continues in, rebuilt from what it recorded. `for_replay` leaves
+/// out side channels of simulations (the audit log) so replaying cannot touch them.
+pub async fn world_of_task(task: &TaskRecord, config: &Config, for_replay: bool) -> Result<World> {
+    let record = task.environment.clone().unwrap_or(Value::Null);
+    if record.get("kind").and_then(Value::as_str) == Some(toolbox::KIND) {
+        let toolbox = toolbox::rebuild(&record, &task.skill.settings, config).await?;
+        let env = Box::new(UserRequest::new(String::new()).with_tools(toolbox.tools.clone()));
+        return Ok(World {
+            env,
+            toolbox: Some(toolbox),
+        });
+    }
+    if record.is_null() {
+        return Ok(World {
+            env: Box::new(UserRequest::new(String::new())),
+            toolbox: None,
+        });
+    }
+    let mut settings: EnvironmentSettings =
+        serde_json::from_value(record).context("the task's stored environment settings")?;
+    if for_replay {
+        settings.params.remove("audit_log");
+    }
+    Ok(World {
+        env: skillstate_envs::build_environment(&settings)?,
+        toolbox: None,
+    })
 }

@@ -7,8 +7,9 @@ use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
 use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
 
-use super::{environment_for, load_skill};
-use crate::model::{ModelArgs, build_model, load_config};
+use super::{load_skill, world_for};
+use crate::config::load_config;
+use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
 #[derive(clap::Args)]
@@ -24,6 +25,10 @@ pub struct RunArgs {
     /// `--context summary` (drops the oldest summary lines to fit; uncapped by default).
     #[arg(long)]
     budget: Option<usize>,
+    /// The directory the fs and shell tools are confined to (default: `[tools] work_dir` of the
+    /// skill, else the current directory).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
     /// The request that opens the task, for skills without a built-in environment.
     #[arg(long)]
     input: Option<String>,
@@ -82,8 +87,15 @@ impl RunObserver for StepPrinter {
 
 pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<ExitCode> {
     let skill = load_skill(&args.skill)?;
-    let mut env = environment_for(&skill, args.input.as_deref())?;
     let config = load_config(config_path)?;
+    let mut world = world_for(
+        &skill,
+        &args.skill,
+        args.input.as_deref(),
+        args.work_dir.as_deref(),
+        &config,
+    )
+    .await?;
     let (spec, settings) = args.model.resolve(&config, None)?;
     let kind = skill
         .settings()
@@ -96,15 +108,18 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         model: model.spec(),
         context: args.context,
         context_budget: args.budget,
+        environment: world.record(),
     };
-    let task = start_task(store.as_ref(), &skill, env.as_mut(), &options).await?;
+    let task = start_task(store.as_ref(), &skill, world.env.as_mut(), &options).await?;
     if !args.quiet {
         eprintln!("task {} started ({} in {db})", task.id, skill.name());
     }
     let mut printer = StepPrinter { quiet: args.quiet };
-    let outcome = Runner::new(store, model, env.as_mut(), &mut printer)
+    let outcome = Runner::new(store, model, world.env.as_mut(), &mut printer)
         .run(&task.id)
-        .await?;
+        .await;
+    world.shutdown().await;
+    let outcome = outcome?;
     println!(
         "{}",
         outcome_line(

@@ -7,11 +7,11 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use skillstate_core::json::{state_hash, text_hash};
 use skillstate_core::{Action, Rejection, count_tokens};
-use skillstate_providers::{Config, Usage};
+use skillstate_providers::Usage;
 use skillstate_runtime::rebuild_prompt;
 use skillstate_store::{IntentRecord, JournalEntry, Store, TaskRecord, Verdict, state_at};
 
-use crate::model::{CONFIG_FILE, load_config};
+use crate::config::{CONFIG_FILE, Config, load_config};
 use crate::render::{Table, describe_outcome, format_time};
 
 #[derive(clap::Args)]

@@ -6,7 +6,10 @@ use skillstate_core::skill::Severity;
 use skillstate_core::{Skill, ToolCatalog};
 use skillstate_runtime::select_tools;
 
-pub fn run(dir: &Path) -> Result<ExitCode> {
+use crate::config::{CONFIG_FILE, load_config};
+use crate::toolbox::work_dir;
+
+pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
     let loaded = match Skill::load(dir) {
         Ok(loaded) => loaded,
         Err(errors) => {
@@ -26,31 +29,61 @@ pub fn run(dir: &Path) -> Result<ExitCode> {
         println!("{warning}");
     }
     let skill = loaded.skill;
-    let tools = match &skill.settings().environment {
-        Some(settings) => {
-            let env = match skillstate_envs::build_environment(settings) {
+    let settings = skill.settings();
+    let skill_toml = dir.join("skill.toml");
+    let names: Vec<String> = match &settings.environment {
+        Some(environment) => {
+            let env = match skillstate_envs::build_environment(environment) {
                 Ok(env) => env,
                 Err(error) => {
-                    println!("error: {}: {error}", dir.join("skill.toml").display());
+                    println!("error: {}: {error}", skill_toml.display());
                     return Ok(ExitCode::FAILURE);
                 }
             };
-            env.tools()
+            let selected = match select_tools(&env.tools(), &settings.tools) {
+                Ok(selected) => selected,
+                Err(error) => {
+                    println!("error: {}: {error}", skill_toml.display());
+                    return Ok(ExitCode::FAILURE);
+                }
+            };
+            if let Err(error) =
+                ToolCatalog::new(selected.iter().map(|t| t.spec().clone()).collect())
+            {
+                println!("error: {}: {error}", skill_toml.display());
+                return Ok(ExitCode::FAILURE);
+            }
+            selected.iter().map(|t| t.spec().name.clone()).collect()
         }
-        None => Vec::new(),
-    };
-    let selected = match select_tools(&tools, &skill.settings().tools) {
-        Ok(selected) => selected,
-        Err(error) => {
-            println!("error: {}: {error}", dir.join("skill.toml").display());
-            return Ok(ExitCode::FAILURE);
+        None => {
+            // Tool sources are checked without starting MCP servers; `skillstate tools` starts them.
+            let config = load_config(config_path)?;
+            let mut problems = Vec::new();
+            for entry in &settings.tools.allow {
+                let source = entry.split('.').next().unwrap_or(entry);
+                if !matches!(source, "fs" | "shell") && !config.mcp.servers.contains_key(source) {
+                    problems.push(format!(
+                        "[tools] allow lists `{entry}`, but `{source}` is neither a built-in tool set (fs, shell) nor an MCP server under [mcp.servers] in {CONFIG_FILE}"
+                    ));
+                }
+            }
+            let uses_dir = settings
+                .tools
+                .allow
+                .iter()
+                .any(|e| e.starts_with("fs") || e.starts_with("shell"));
+            if uses_dir && let Err(error) = work_dir(settings, Some(dir), None) {
+                problems.push(format!("[tools] work_dir: {error:#}"));
+            }
+            if !problems.is_empty() {
+                for problem in problems {
+                    println!("error: {}: {problem}", skill_toml.display());
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+            settings.tools.allow.clone()
         }
     };
-    if let Err(error) = ToolCatalog::new(selected.iter().map(|t| t.spec().clone()).collect()) {
-        println!("error: {}: {error}", dir.join("skill.toml").display());
-        return Ok(ExitCode::FAILURE);
-    }
-    let names: Vec<&str> = selected.iter().map(|t| t.spec().name.as_str()).collect();
     let environment = skill
         .settings()
         .environment

@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 pub use frontmatter::name_problem;
 pub use settings::{
     Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS,
-    DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, SkillSettings, ToolSelection,
-    UnknownOutcome, line_column,
+    DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, ShellSettings, SkillSettings,
+    ToolSelection, UnknownOutcome, line_column,
 };
 
 use crate::schema::StateSchema;

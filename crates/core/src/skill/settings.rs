@@ -69,8 +69,34 @@ impl Default for RunLimits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolSelection {
-    /// Tool names (`ship`, `fs.read`) or whole tool sources (`warehouse`, `fs`) the skill may use.
+    /// Tool names (`ship`, `fs.read`) or whole tool sources (`warehouse`, `fs`, `shell`, an
+    /// MCP server's name) the skill may use. Built-in and MCP tools are off unless listed.
     pub allow: Vec<String>,
+    /// The directory the built-in `fs` and `shell` tools are confined to, relative to the skill
+    /// directory (default: the directory skillstate runs in, or `--work-dir`).
+    pub work_dir: Option<String>,
+    pub shell: ShellSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShellSettings {
+    /// Longest a command may run, in seconds.
+    pub timeout_secs: u64,
+    /// Bytes of stdout and of stderr kept; the rest is dropped with a marker.
+    pub max_output_bytes: usize,
+    /// Environment variables passed through from skillstate's own environment.
+    pub env_allow: Vec<String>,
+}
+
+impl Default for ShellSettings {
+    fn default() -> Self {
+        Self {
+            timeout_secs: 30,
+            max_output_bytes: 16 * 1024,
+            env_allow: vec!["PATH".into(), "LANG".into(), "LC_ALL".into(), "TZ".into()],
+        }
+    }
 }
 
 impl ToolSelection {

@@ -344,6 +344,7 @@ fn spec(op: Op) -> ToolSpec {
         }),
         side_effect,
         source: KIND.into(),
+        needs_approval: false,
     }
 }
 

@@ -88,6 +88,7 @@ pub async fn run_warehouse_with(
         model: model.spec(),
         context,
         context_budget,
+        environment: None,
     };
     let task = start_task(store.as_ref(), skill, &mut env, &options)
         .await

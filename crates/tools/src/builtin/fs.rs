@@ -74,6 +74,7 @@ fn spec(op: Op) -> ToolSpec {
         input_schema: schema,
         side_effect,
         source: "fs".into(),
+        needs_approval: false,
     }
 }
 

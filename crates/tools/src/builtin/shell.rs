@@ -5,34 +5,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+pub use skillstate_core::skill::ShellSettings;
 use skillstate_core::{SideEffect, ToolSpec};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::confine::WorkDir;
 use crate::{CallContext, Tool, ToolError, ToolOutput};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ShellSettings {
-    /// Longest a command may run, in seconds.
-    pub timeout_secs: u64,
-    /// Bytes of stdout and of stderr kept; the rest is dropped with a marker.
-    pub max_output_bytes: usize,
-    /// Environment variables passed through from skillstate's own environment.
-    pub env_allow: Vec<String>,
-}
-
-impl Default for ShellSettings {
-    fn default() -> Self {
-        Self {
-            timeout_secs: 30,
-            max_output_bytes: 16 * 1024,
-            env_allow: vec!["PATH".into(), "LANG".into(), "LC_ALL".into(), "TZ".into()],
-        }
-    }
-}
 
 pub struct ShellTool {
     spec: ToolSpec,
@@ -54,6 +33,7 @@ impl ShellTool {
                 }),
                 side_effect: SideEffect::Effectful,
                 source: "shell".into(),
+                needs_approval: false,
             },
             root: root.clone(),
             settings,

@@ -1,0 +1,56 @@
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::{load_skill, world_for};
+use crate::config::load_config;
+use crate::render::Table;
+
+#[derive(clap::Args)]
+pub struct ToolsArgs {
+    /// The skill directory.
+    skill: PathBuf,
+    /// The work directory for fs and shell tools (default: the skill's `[tools] work_dir`).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+/// Starts the skill's tool sources (MCP servers included), lists what they offer, stops them.
+pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode> {
+    let skill = load_skill(&args.skill)?;
+    let config = load_config(config_path)?;
+    let input = skill.settings().environment.is_none().then_some("");
+    let world = world_for(
+        &skill,
+        &args.skill,
+        input,
+        args.work_dir.as_deref(),
+        &config,
+    )
+    .await?;
+    let available = world.env.tools();
+    world.shutdown().await;
+    let tools = skillstate_runtime::select_tools(&available, &skill.settings().tools)?;
+    if tools.is_empty() {
+        println!(
+            "skill `{}` uses no tools besides finish and ask_user",
+            skill.name()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&["TOOL", "SOURCE", "SIDE EFFECT", "APPROVAL", "INPUT SCHEMA"]);
+    for tool in &tools {
+        let spec = tool.spec();
+        let schema = serde_json::to_string(&spec.input_schema).unwrap_or_default();
+        table.row(vec![
+            spec.name.clone(),
+            spec.source.clone(),
+            spec.side_effect.as_str().to_owned(),
+            if spec.needs_approval { "required" } else { "-" }.to_owned(),
+            schema,
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,111 @@
+//! `skillstate.toml`: model settings, prices, MCP servers, the approval policy and store
+//! options. Secrets never live here.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use skillstate_providers::{Price, ProviderSettings, Usage};
+use skillstate_tools::mcp::McpServerConfig;
+
+pub const CONFIG_FILE: &str = "skillstate.toml";
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub model: ProviderSettings,
+    /// Prices by model spec (`[prices."openai:gpt-4.1-mini"]`). No built-in prices: they go stale.
+    pub prices: BTreeMap<String, Price>,
+    pub mcp: McpConfig,
+    pub tools: ToolsConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// `[mcp.servers.NAME]`: servers started as child processes; their tools are `NAME.tool`.
+    pub servers: BTreeMap<String, McpServerConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    pub policy: ApprovalPolicy,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalPolicy {
+    /// Tools (`files.write_file`, `shell.exec`) whose every call waits for `skillstate approve`.
+    pub require_approval: Vec<String>,
+    /// Also every MCP tool annotated destructive.
+    pub approve_destructive: bool,
+}
+
+impl Default for ApprovalPolicy {
+    fn default() -> Self {
+        Self {
+            require_approval: Vec::new(),
+            approve_destructive: true,
+        }
+    }
+}
+
+impl Config {
+    /// Parses `skillstate.toml` text; errors name the file and line.
+    pub fn from_toml(text: &str, file: &str) -> Result<Self, String> {
+        toml::from_str::<Config>(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+                .map(|l| format!(":{l}"))
+                .unwrap_or_default();
+            format!("{file}{line}: {}", e.message())
+        })
+    }
+
+    /// The estimated cost in USD of `usage` under `spec`, if a price is configured.
+    pub fn cost(&self, spec: &str, usage: &Usage) -> Option<f64> {
+        self.prices.get(spec).map(|price| price.cost(usage))
+    }
+}
+
+/// Reads `path`, or ./skillstate.toml when it exists, or the defaults.
+pub fn load_config(path: Option<&Path>) -> Result<Config> {
+    let path = match path {
+        Some(path) => path.to_path_buf(),
+        None if Path::new(CONFIG_FILE).is_file() => Path::new(CONFIG_FILE).to_path_buf(),
+        None => return Ok(Config::default()),
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Config::from_toml(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skillstate_providers::Constrain;
+
+    #[test]
+    fn every_section_parses_and_bad_keys_name_their_line() {
+        let config = Config::from_toml(
+            "[model]\nspec = \"openai:m\"\nconstrain = \"json-object\"\n[prices.\"openai:m\"]\ninput = 2.0\noutput = 8.0\n\
+             [mcp.servers.files]\ncommand = \"npx\"\nargs = [\"-y\", \"@modelcontextprotocol/server-filesystem\", \"./data\"]\n\
+             [tools.policy]\nrequire_approval = [\"files.write_file\", \"shell.exec\"]\n",
+            CONFIG_FILE,
+        )
+        .unwrap();
+        assert_eq!(config.model.constrain, Constrain::JsonObject);
+        assert_eq!(config.mcp.servers["files"].args.len(), 3);
+        assert_eq!(config.mcp.servers["files"].timeout_secs, 60);
+        assert!(config.tools.policy.approve_destructive);
+        assert_eq!(
+            config.tools.policy.require_approval,
+            ["files.write_file", "shell.exec"]
+        );
+        let error = Config::from_toml("[model]\napi_key = \"sk-123\"\n", CONFIG_FILE).unwrap_err();
+        assert!(error.starts_with("skillstate.toml:2"), "{error}");
+    }
+}
