@@ -75,6 +75,26 @@ pub struct McpServer {
     name: String,
     client: Mutex<Option<RunningService<RoleClient, ()>>>,
     call_timeout: Duration,
+    /// The last lines the server wrote to stderr, quoted when it fails.
+    stderr_tail: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+}
+
+/// Lines of server stderr kept for error messages.
+const STDERR_LINES: usize = 5;
+
+async fn keep_tail(
+    stderr: tokio::process::ChildStderr,
+    tail: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+        if tail.len() == STDERR_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
 }
 
 /// What a server offers, mapped to skillstate tools.
@@ -93,10 +113,7 @@ impl McpServer {
         config: &McpServerConfig,
     ) -> Result<(Arc<McpServer>, Vec<McpTool>), McpError> {
         let mut command = tokio::process::Command::new(&config.command);
-        command
-            .args(&config.args)
-            .envs(&config.env)
-            .stderr(std::process::Stdio::null());
+        command.args(&config.args).envs(&config.env);
         if let Some(cwd) = &config.cwd {
             command.current_dir(cwd);
         }
@@ -105,7 +122,14 @@ impl McpServer {
             command: config.command.clone(),
             message,
         };
-        let transport = TokioChildProcess::new(command).map_err(|e| spawn_error(e.to_string()))?;
+        let (transport, stderr) = TokioChildProcess::builder(command)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| spawn_error(e.to_string()))?;
+        let stderr_tail = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        if let Some(stderr) = stderr {
+            tokio::spawn(keep_tail(stderr, Arc::clone(&stderr_tail)));
+        }
         let start_timeout = Duration::from_secs(config.start_timeout_secs.max(1));
         let timeout = |during: &str| McpError::Timeout {
             server: name.to_owned(),
@@ -130,6 +154,7 @@ impl McpServer {
             name: name.to_owned(),
             client: Mutex::new(Some(client)),
             call_timeout: Duration::from_secs(config.timeout_secs.max(1)),
+            stderr_tail,
         });
         let tools = listed
             .iter()
@@ -192,7 +217,8 @@ impl McpTool {
                 needs_approval: false,
             },
             remote_name,
-            destructive: side_effect == SideEffect::Effectful
+            // The MCP default: a tool that is not read-only may be destructive unless it says not.
+            destructive: hint("readOnlyHint") != Some(true)
                 && hint("destructiveHint") != Some(false),
             server: Arc::clone(server),
         })
@@ -284,8 +310,17 @@ impl Tool for McpTool {
             Ok(Err(error)) => {
                 let message = match error {
                     rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_) => {
+                        let tail = self
+                            .server
+                            .stderr_tail
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        let last = tail
+                            .back()
+                            .map(|l| format!("; its last stderr line: {l}"))
+                            .unwrap_or_default();
                         format!(
-                            "the MCP server `{}` closed the connection (crashed or exited)",
+                            "the MCP server `{}` closed the connection (crashed or exited){last}",
                             self.server.name
                         )
                     }

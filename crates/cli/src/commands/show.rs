@@ -24,6 +24,10 @@ pub struct ShowArgs {
     /// With --step: print the exact prompt the model received at that step instead.
     #[arg(long, requires = "step")]
     prompt: bool,
+    /// With --step: print the full observation the step started from (prompts show it cut
+    /// to the observation budget).
+    #[arg(long, requires = "step", conflicts_with = "prompt")]
+    observation: bool,
     /// With --prompt: which answer of the step (default: the accepted one, else the last).
     #[arg(long, requires = "prompt")]
     attempt: Option<u32>,
@@ -33,6 +37,14 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result
     let config = load_config(config_path)?;
     let store = skillstate_store::open(db).await?;
     let task = store.task(&args.task).await?;
+    if let (Some(step), true) = (args.step, args.observation) {
+        let text = store
+            .observation(&task.id, step)
+            .await?
+            .with_context(|| format!("task {} has no observation for step {step}", task.id))?;
+        println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
     match (args.step, args.prompt) {
         (Some(step), true) => show_prompt(store.as_ref(), &task, step, args.attempt).await,
         (Some(step), false) => show_state_at(store.as_ref(), &task, step).await,
