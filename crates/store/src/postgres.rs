@@ -15,7 +15,7 @@ use serde_json::Value;
 use skillstate_core::json::state_hash;
 use skillstate_core::{ContextStrategy, SkillDefinition};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
 
 use crate::migrate::migrate_postgres;
 use crate::model::*;
@@ -60,19 +60,20 @@ impl PostgresStore {
     }
 
     async fn connect(url: &str, options: PgConnectOptions, schema: Option<&str>) -> Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options)
+        let open_error = |e: sqlx::Error| StoreError::Open {
+            location: redact(url),
+            message: e.to_string(),
+        };
+        // One plain connection first: the pool retries a refused or rejected connection until
+        // its acquire timeout and then reports only "timed out", while this fails at once
+        // with the server's actual answer (refused, bad password, no such database).
+        let mut probe = PgConnection::connect_with(&options)
             .await
-            .map_err(|e| StoreError::Open {
-                location: redact(url),
-                message: e.to_string(),
-            })?;
+            .map_err(open_error)?;
         if let Some(schema) = schema {
             // The name was checked by `is_plain_identifier`, so quoting it is enough.
             let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
-            if let Err(error) = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await {
+            if let Err(error) = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut probe).await {
                 // Two sessions creating the same schema at once can both pass the existence
                 // check; the loser fails on the catalog's unique index although the schema now
                 // exists, which is all that was asked for.
@@ -84,6 +85,13 @@ impl PostgresStore {
                 }
             }
         }
+        probe.close().await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(open_error)?;
         migrate_postgres(&pool).await?;
         Ok(Self {
             pool,
