@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use skillstate_store::{Store, TaskStatus, Verdict, state_at};
+use skillstate_store::{TaskStatus, Verdict, state_at};
 
 const EVENTS: u32 = 40;
 const POINTS: [&str; 6] = [

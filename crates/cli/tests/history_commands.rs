@@ -6,7 +6,6 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use skillstate_store::Store;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -65,12 +65,25 @@ impl SqliteStore {
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
         let in_memory = location.contains(":memory:");
-        let pool = SqlitePoolOptions::new()
-            // An in-memory database lives in one connection.
-            .max_connections(if in_memory { 1 } else { 4 })
-            .connect_with(options)
-            .await
-            .map_err(|e| open_error(e.to_string()))?;
+        // Switching a brand-new file to WAL needs a lock that SQLite does not wait for (the busy
+        // timeout applies only afterwards), so two processes opening the same new file at once
+        // can see "database is locked": try again for a while before giving up.
+        let mut attempts = 0;
+        let pool = loop {
+            let connected = SqlitePoolOptions::new()
+                // An in-memory database lives in one connection.
+                .max_connections(if in_memory { 1 } else { 4 })
+                .connect_with(options.clone())
+                .await;
+            match connected {
+                Ok(pool) => break pool,
+                Err(e) if attempts < 100 && e.to_string().contains("database is locked") => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(open_error(e.to_string())),
+            }
+        };
         migrate_sqlite(&pool).await?;
         Ok(Self {
             pool,
