@@ -131,7 +131,7 @@ async fn final_state(db: &str) -> serde_json::Value {
 
 /// Runs the kill-and-resume loop until `kills_wanted` kills happened; returns kills per point.
 async fn torture(
-    db_for: impl Fn(usize) -> String,
+    db_for: impl AsyncFn(usize) -> String,
     kills_wanted: usize,
     seed: u64,
 ) -> BTreeMap<&'static str, usize> {
@@ -140,7 +140,7 @@ async fn torture(
     let skill = skill.to_str().unwrap().to_owned();
 
     // The uninterrupted run, for the final state and the audit log's shape.
-    let reference_db = db_for(0);
+    let reference_db = db_for(0).await;
     let started = Instant::now();
     let out = Command::new(binary())
         .args([
@@ -168,7 +168,7 @@ async fn torture(
     let mut total = 0;
     let mut task_index = 1;
     while total < kills_wanted {
-        let db = db_for(task_index);
+        let db = db_for(task_index).await;
         task_index += 1;
         let _ = std::fs::remove_file(&audit);
         let mut observed = Observed {
@@ -234,12 +234,56 @@ async fn sqlite_survives_sigkill_at_every_crash_point() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_owned();
     let kills = torture(
-        move |i| root.join(format!("t{i}.db")).display().to_string(),
+        async |i| root.join(format!("t{i}.db")).display().to_string(),
         210,
         11,
     )
     .await;
     eprintln!("sqlite kills per point: {kills:?}");
+    assert!(kills.values().sum::<usize>() >= 200);
+    for point in POINTS {
+        assert!(
+            kills.get(point).copied().unwrap_or(0) > 0,
+            "no kill at {point}: {kills:?}"
+        );
+    }
+}
+
+/// The same harness against PostgreSQL, one schema per task.
+#[tokio::test]
+async fn postgres_survives_sigkill_at_every_crash_point() {
+    let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if url == "off" {
+        eprintln!("SKILLSTATE_TEST_POSTGRES_URL=off: skipped");
+        return;
+    }
+    use sqlx::Connection;
+    let prefix = format!("crash_{}", std::process::id());
+    let schemas = std::sync::Mutex::new(Vec::new());
+    let kills = torture(
+        async |i| {
+            let schema = format!("{prefix}_{i}");
+            let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&mut connection)
+                .await
+                .unwrap();
+            schemas.lock().unwrap().push(schema.clone());
+            format!("{url}?options=-c%20search_path%3D{schema}")
+        },
+        210,
+        29,
+    )
+    .await;
+    eprintln!("postgres kills per point: {kills:?}");
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    for schema in schemas.lock().unwrap().iter() {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut connection)
+            .await
+            .unwrap();
+    }
     assert!(kills.values().sum::<usize>() >= 200);
     for point in POINTS {
         assert!(

@@ -157,3 +157,59 @@ async fn fork_gc_and_storage_per_step() {
     );
     assert!(text(&skillstate(&db, &["tasks"]).stdout).contains("no tasks"));
 }
+
+#[tokio::test]
+async fn postgres_journal_bytes_per_step() {
+    let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if url == "off" {
+        eprintln!("SKILLSTATE_TEST_POSTGRES_URL=off: skipped");
+        return;
+    }
+    use sqlx::Connection;
+    let schema = format!("bytes_{}", std::process::id());
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let location = format!("{url}?options=-c%20search_path%3D{schema}");
+    let tmp = tempfile::tempdir().unwrap();
+    let (skill, script) = warehouse_copy(tmp.path(), 9, 200);
+    let run = std::process::Command::new(binary())
+        .args([
+            "--db",
+            &location,
+            "run",
+            skill.to_str().unwrap(),
+            "--model",
+            &format!("scripted:{}", script.display()),
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let store = skillstate_store::open(&location).await.unwrap();
+    let id = store.list_tasks().await.unwrap()[0].id.clone();
+    let stats = store.storage_stats(&id).await.unwrap();
+    eprintln!(
+        "postgres storage after 200 warehouse steps: {stats:?}, {:.0} journal bytes/step",
+        stats.journal_bytes_per_step()
+    );
+    assert_eq!(stats.steps, 200);
+    assert!(stats.journal_bytes_per_step() <= 1024.0, "{stats:?}");
+    let replay = std::process::Command::new(binary())
+        .args(["--db", &location, "replay", &id])
+        .output()
+        .unwrap();
+    assert!(
+        replay.status.success() && text(&replay.stdout).contains("re-derived 200 step(s)"),
+        "{}",
+        text(&replay.stdout)
+    );
+    drop(store);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+}
