@@ -278,7 +278,8 @@ async fn postgres_survives_sigkill_at_every_crash_point() {
     .await;
     eprintln!("postgres kills per point: {kills:?}");
     let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
-    for schema in schemas.lock().unwrap().iter() {
+    let created: Vec<String> = schemas.lock().unwrap().clone();
+    for schema in &created {
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
             .execute(&mut connection)
             .await
