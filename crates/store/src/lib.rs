@@ -11,6 +11,7 @@ mod history;
 mod migrate;
 mod model;
 mod postgres;
+mod rows;
 mod sqlite;
 
 use std::sync::Arc;

@@ -10,15 +10,16 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::de::DeserializeOwned;
+
 use serde_json::Value;
 use skillstate_core::json::state_hash;
-use skillstate_core::{ContextStrategy, SkillDefinition};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
 
 use crate::migrate::migrate_postgres;
 use crate::model::*;
+use crate::rows::{decode, entry_from_row, parse_status, task_from_row, to_json, verdict_str};
 use crate::{DEFAULT_SNAPSHOT_EVERY, Result, StorageStats, Store, StoreError, now_millis};
 
 /// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server.
@@ -214,88 +215,6 @@ fn redact(url: &str) -> String {
         None => tail.to_owned(),
     };
     format!("{scheme}://{authority}{tail}")
-}
-
-fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| StoreError::Decode {
-        what: what.to_owned(),
-        message: e.to_string(),
-    })
-}
-
-fn decode_opt<T: DeserializeOwned>(what: &str, text: Option<String>) -> Result<Option<T>> {
-    text.map(|t| decode(what, &t)).transpose()
-}
-
-fn to_json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn task_from_row(row: &PgRow) -> Result<TaskRecord> {
-    let id: String = row.try_get("id")?;
-    let context: String = row.try_get("context")?;
-    let status: String = row.try_get("status")?;
-    let parent_task: Option<String> = row.try_get("parent_task")?;
-    let parent_step: Option<i64> = row.try_get("parent_step")?;
-    Ok(TaskRecord {
-        skill: decode::<SkillDefinition>("skill of task", &row.try_get::<String, _>("skill")?)?,
-        tools: decode("tools of task", &row.try_get::<String, _>("tools")?)?,
-        context: ContextStrategy::parse(&context).ok_or_else(|| StoreError::Decode {
-            what: "context strategy".into(),
-            message: format!("unknown strategy `{context}`"),
-        })?,
-        context_budget: row
-            .try_get::<Option<i64>, _>("context_budget")?
-            .map(|b| b as usize),
-        model: row.try_get("model")?,
-        environment: decode_opt("environment", row.try_get("environment")?)?,
-        env_checkpoint: decode_opt("environment checkpoint", row.try_get("env_checkpoint")?)?,
-        status: parse_status(&status)?,
-        state: decode("state", &row.try_get::<String, _>("state")?)?,
-        version: row.try_get::<i64, _>("version")? as u64,
-        outcome: decode_opt("outcome", row.try_get("outcome")?)?,
-        parent: parent_task.zip(parent_step.map(|s| s as u64)),
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        id,
-    })
-}
-
-fn parse_status(status: &str) -> Result<TaskStatus> {
-    TaskStatus::parse(status).ok_or_else(|| StoreError::Decode {
-        what: "task status".into(),
-        message: format!("unknown status `{status}`"),
-    })
-}
-
-fn entry_from_row(row: &PgRow) -> Result<JournalEntry> {
-    let verdict: String = row.try_get("verdict")?;
-    Ok(JournalEntry {
-        step: row.try_get::<i64, _>("step")? as u64,
-        attempt: row.try_get::<i64, _>("attempt")? as u32,
-        verdict: if verdict == "accepted" {
-            Verdict::Accepted
-        } else {
-            Verdict::Rejected
-        },
-        output: row.try_get("output")?,
-        patch: decode_opt("patch", row.try_get("patch")?)?,
-        action: decode_opt("action", row.try_get("action")?)?,
-        errors: decode_opt("errors", row.try_get("errors")?)?,
-        state_hash: row.try_get("state_hash")?,
-        prompt_tokens: row.try_get::<i64, _>("prompt_tokens")? as u64,
-        prompt_hash: row.try_get("prompt_hash")?,
-        usage: decode_opt("usage", row.try_get("usage")?)?,
-        latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,
-        created_at: row.try_get("created_at")?,
-    })
-}
-
-fn verdict_str(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Accepted => "accepted",
-        Verdict::Rejected => "rejected",
-    }
 }
 
 async fn insert_entry(
