@@ -5,8 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::view::{PromptView, read_prompt};
-use crate::noise::HEADER;
+use super::view::{PromptView, history_lines, read_prompt, relevant_lines};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Branch {
@@ -57,29 +56,10 @@ fn starting_belief(view: &PromptView<'_>) -> Belief {
             .unwrap_or_default();
     }
     let mut belief = Belief::new();
-    for line in &view.summary {
-        let (alert, rest) = line.split_once(" => ").unwrap_or((line, ""));
-        let result = rest.split_once(" -> ").map(|(_, r)| r).unwrap_or("");
-        let alert = alert.split_once(": ").map(|(_, a)| a).unwrap_or(alert);
-        for part in alert.split(" / ") {
-            apply_fact(part, &mut belief);
-        }
-        apply_fact(result, &mut belief);
-    }
-    for turn in &view.turns {
-        for line in relevant_lines(turn.observation) {
-            apply_fact(line, &mut belief);
-        }
+    for line in history_lines(view) {
+        apply_fact(line, &mut belief);
     }
     belief
-}
-
-fn relevant_lines(observation: &str) -> Vec<&str> {
-    observation
-        .lines()
-        .take_while(|l| l.trim() != HEADER)
-        .filter(|l| !l.trim().is_empty() && !l.starts_with("[observation truncated"))
-        .collect()
 }
 
 fn words(line: &str) -> Vec<&str> {

@@ -91,6 +91,32 @@ fn turns(content: &str) -> Vec<TurnView<'_>> {
         .collect()
 }
 
+/// Observation lines before the telemetry block and any truncation marker.
+pub fn relevant_lines(observation: &str) -> Vec<&str> {
+    observation
+        .lines()
+        .take_while(|l| l.trim() != crate::noise::HEADER)
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("[observation truncated"))
+        .collect()
+}
+
+/// Every line of earlier steps that may carry a fact, oldest first: each summary line's alert
+/// parts and result ("- step k: ALERT => ACTION -> RESULT"), then each transcript observation.
+pub fn history_lines<'a>(view: &PromptView<'a>) -> Vec<&'a str> {
+    let mut lines = Vec::new();
+    for line in &view.summary {
+        let (alert, rest) = line.split_once(" => ").unwrap_or((line, ""));
+        let result = rest.split_once(" -> ").map(|(_, r)| r).unwrap_or("");
+        let alert = alert.split_once(": ").map(|(_, a)| a).unwrap_or(alert);
+        lines.extend(alert.split(" / "));
+        lines.push(result);
+    }
+    for turn in &view.turns {
+        lines.extend(relevant_lines(turn.observation));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
