@@ -19,6 +19,8 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     pub mcp: McpConfig,
     pub tools: ToolsConfig,
+    /// `[store]`: `snapshot_every = 100`.
+    pub store: skillstate_store::StoreOptions,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -81,6 +83,14 @@ pub fn load_config(path: Option<&Path>) -> Result<Config> {
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
     Config::from_toml(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Opens the database named by `--db` with the `[store]` options of the configuration.
+pub async fn open_store(
+    db: &str,
+    config: &Config,
+) -> Result<std::sync::Arc<dyn skillstate_store::Store>> {
+    Ok(skillstate_store::open_with(db, &config.store).await?)
 }
 
 #[cfg(test)]

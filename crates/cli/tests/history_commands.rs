@@ -213,3 +213,57 @@ async fn postgres_journal_bytes_per_step() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn the_snapshot_interval_comes_from_the_configuration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    let config = tmp.path().join("skillstate.toml");
+    std::fs::write(&config, "[store]\nsnapshot_every = 3\n").unwrap();
+    let run = skillstate(
+        &db,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "run",
+            "skills/warehouse",
+            "--model",
+            "scripted:skills/warehouse/examples/demo.jsonl",
+            "-q",
+        ],
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let store = skillstate_store::SqliteStore::open(
+        db.to_str().unwrap(),
+        skillstate_store::Synchronous::Full,
+    )
+    .await
+    .unwrap();
+    let steps: Vec<i64> = sqlx::query_scalar("SELECT step FROM snapshots ORDER BY step")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        steps,
+        vec![0, 3, 6, 9],
+        "the initial state and every third step"
+    );
+    let bad = std::fs::write(&config, "[store]\nsnapshot_evry = 3\n");
+    bad.unwrap();
+    let refused = skillstate(
+        &db,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "run",
+            "skills/warehouse",
+            "--model",
+            "scripted:skills/warehouse/examples/demo.jsonl",
+        ],
+    );
+    assert!(
+        text(&refused.stderr).contains("skillstate.toml:2"),
+        "{}",
+        text(&refused.stderr)
+    );
+}

@@ -156,11 +156,40 @@ impl StorageStats {
 /// a `postgres://` / `postgresql://` URL (a schema other than `public` can be chosen with
 /// `?options=-c%20search_path%3Dname`).
 pub async fn open(location: &str) -> Result<Arc<dyn Store>> {
+    open_with(location, &StoreOptions::default()).await
+}
+
+/// How a store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreOptions {
+    /// A full state snapshot every this many steps: rebuilding a step applies at most this
+    /// many patches.
+    pub snapshot_every: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+        }
+    }
+}
+
+/// `open` with options.
+pub async fn open_with(location: &str, options: &StoreOptions) -> Result<Arc<dyn Store>> {
+    let every = options.snapshot_every.max(1);
     if location.starts_with("postgres://") || location.starts_with("postgresql://") {
-        return Ok(Arc::new(PostgresStore::open(location).await?));
+        return Ok(Arc::new(
+            PostgresStore::open(location)
+                .await?
+                .with_snapshot_every(every),
+        ));
     }
     Ok(Arc::new(
-        SqliteStore::open(location, Synchronous::Full).await?,
+        SqliteStore::open(location, Synchronous::Full)
+            .await?
+            .with_snapshot_every(every),
     ))
 }
 

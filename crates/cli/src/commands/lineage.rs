@@ -10,18 +10,17 @@ use skillstate_runtime::{NoProgress, Runner, fork_task, verify_journal};
 use skillstate_store::{TaskRecord, TaskStatus, state_at};
 
 use super::{World, world_of_task};
-use crate::config::load_config;
+use crate::config::{Config, load_config, open_store};
 use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
 /// The model (the task's own unless overridden) and the world a stored task continues with.
 async fn model_and_world(
     task: &TaskRecord,
-    config_path: Option<&Path>,
+    config: &Config,
     model_args: &ModelArgs,
 ) -> Result<(Arc<dyn ModelProvider>, World)> {
-    let config = load_config(config_path)?;
-    let (spec, settings) = model_args.resolve(&config, Some(&task.model))?;
+    let (spec, settings) = model_args.resolve(config, Some(&task.model))?;
     let kind = task
         .environment
         .as_ref()
@@ -29,7 +28,7 @@ async fn model_and_world(
         .and_then(|k| k.as_str())
         .map(str::to_owned);
     let model = build_model(&spec, &settings, kind.as_deref())?;
-    Ok((model, world_of_task(task, &config, false).await?))
+    Ok((model, world_of_task(task, config, false).await?))
 }
 
 /// What a stored task is told before it continues.
@@ -48,7 +47,8 @@ async fn continue_task(
     model_args: &ModelArgs,
     decision: Decision<'_>,
 ) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
+    let config = load_config(config_path)?;
+    let store = open_store(db, &config).await?;
     let task = store.task(task_ref).await?;
     if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running {
         println!(
@@ -58,7 +58,7 @@ async fn continue_task(
         println!("nothing to resume: the task is {}", task.status.as_str());
         return Ok(ExitCode::SUCCESS);
     }
-    let (model, mut world) = model_and_world(&task, config_path, model_args).await?;
+    let (model, mut world) = model_and_world(&task, &config, model_args).await?;
     let mut observer = NoProgress;
     let mut runner = Runner::new(store, model, world.env.as_mut(), &mut observer);
     let outcome = match decision {
@@ -213,9 +213,9 @@ pub struct ForkArgs {
 }
 
 pub async fn fork(db: &str, config_path: Option<&Path>, args: ForkArgs) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
-    let parent = store.task(&args.task).await?;
     let config = load_config(config_path)?;
+    let store = open_store(db, &config).await?;
+    let parent = store.task(&args.task).await?;
     let mut world = world_of_task(&parent, &config, true).await?;
     let fork = fork_task(
         store.as_ref(),

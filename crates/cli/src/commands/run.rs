@@ -8,7 +8,7 @@ use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
 
 use super::{load_skill, world_for};
-use crate::config::load_config;
+use crate::config::{load_config, open_store};
 use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
@@ -103,7 +103,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         .as_ref()
         .map(|e| e.kind.as_str());
     let model = build_model(&spec, &settings, kind)?;
-    let store = skillstate_store::open(db).await?;
+    let store = open_store(db, &config).await?;
     let options = TaskOptions {
         model: model.spec(),
         context: args.context,
