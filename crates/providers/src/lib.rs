@@ -5,6 +5,7 @@
 //! llama.cpp server, LM Studio, OpenRouter); `anthropic` speaks the Messages API.
 
 mod anthropic;
+mod client;
 mod constrain;
 mod http;
 mod openai;
