@@ -8,7 +8,9 @@ pub mod repository;
 pub mod rng;
 pub mod warehouse;
 
+use serde_json::{Value, json};
 use skillstate_core::skill::EnvironmentSettings;
+use skillstate_core::{SideEffect, ToolSpec};
 use skillstate_tools::{Environment, EnvironmentError};
 
 /// Names of the built-in environments.
@@ -40,5 +42,32 @@ pub fn build_environment(
                 ENVIRONMENTS.join(", ")
             ),
         }),
+    }
+}
+
+/// A tool of a built-in environment whose arguments are exactly `properties`, all required.
+pub(crate) fn env_tool(
+    source: &str,
+    name: &str,
+    description: &str,
+    properties: Value,
+    side_effect: SideEffect,
+) -> ToolSpec {
+    let required: Vec<&String> = properties
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema: json!({
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": false
+        }),
+        side_effect,
+        source: source.into(),
+        needs_approval: false,
     }
 }

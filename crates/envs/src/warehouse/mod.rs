@@ -329,23 +329,7 @@ fn spec(op: Op) -> ToolSpec {
             SideEffect::ReadOnly,
         ),
     };
-    let required: Vec<&String> = properties
-        .as_object()
-        .map(|m| m.keys().collect())
-        .unwrap_or_default();
-    ToolSpec {
-        name: name.into(),
-        description: description.into(),
-        input_schema: json!({
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": false
-        }),
-        side_effect,
-        source: KIND.into(),
-        needs_approval: false,
-    }
+    crate::env_tool(KIND, name, description, properties, side_effect)
 }
 
 fn arg<'a>(args: &'a Value, key: &str) -> &'a str {
