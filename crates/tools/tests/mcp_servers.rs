@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use skillstate_core::SideEffect;
@@ -182,20 +182,30 @@ async fn a_server_that_hangs_crashes_or_answers_garbage_never_hangs_the_task() {
         .await
         .unwrap();
     assert_eq!(echo.text, "echo: hi");
-    let started = Instant::now();
-    let hang = tool(&tools, "faulty.hang")
-        .call(&json!({}), &ctx)
-        .await
-        .unwrap_err();
+    // The guard only turns a regression (a call that never returns) into a failure.
+    let hang = tokio::time::timeout(
+        Duration::from_secs(60),
+        tool(&tools, "faulty.hang").call(&json!({}), &ctx),
+    )
+    .await
+    .expect("the client gave up on its own")
+    .unwrap_err();
     assert!(
         hang.to_string()
             .contains("no answer from MCP server `faulty` within 2 s"),
         "{hang}"
     );
-    assert!(started.elapsed() < Duration::from_secs(30));
     server.shutdown().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!alive(&pid), "shutdown must stop the server process");
+    // The process exits asynchronously after shutdown; wait for it, a bounded number of times.
+    let mut stopped = false;
+    for _ in 0..100 {
+        if !alive(&pid) {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stopped, "shutdown must stop the server process");
 
     let pid = tmp.path().join("crash.pid");
     let (server, tools) = McpServer::start("faulty", &fault_config(&pid))
