@@ -155,6 +155,7 @@ async fn shell_reports_exit_codes_caps_output_times_out_and_filters_the_environm
         timeout_secs: 1,
         max_output_bytes: 64,
         env_allow: vec!["PATH".into()],
+        ..ShellSettings::default()
     };
     let shell = ShellTool::new(&root, settings);
     let ok = call(&shell, json!({"command": "cat notes.txt; echo oops >&2"})).await;

@@ -2,8 +2,10 @@
 
 mod confine;
 mod fs;
+mod sandbox;
 mod shell;
 
 pub use confine::WorkDir;
 pub use fs::{FsTool, fs_tools};
+pub use sandbox::{Sandbox, SandboxConfig, SandboxMode};
 pub use shell::{ShellSettings, ShellTool};

@@ -1,7 +1,8 @@
-//! `shell.exec`: a command in the work directory, with a timeout, an output cap and only the
+//! `shell.exec`: a command in the work directory, inside the OS sandbox (`sandbox.rs`), with a
+//! timeout that bounds the whole call (process and output pipes), an output cap and only the
 //! environment variables the skill allows.
 
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -9,22 +10,46 @@ use serde_json::{Value, json};
 pub use skillstate_core::skill::ShellSettings;
 use skillstate_core::{SideEffect, ToolSpec};
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, ChildStderr, ChildStdout};
+use tokio::time::Instant;
 
 use super::confine::WorkDir;
+use super::sandbox::{Sandbox, SandboxMode};
 use crate::{CallContext, Tool, ToolError, ToolOutput};
+
+/// After a kill, how long the call still waits for the process to be reaped and for the
+/// output already written to be read.
+const AFTER_KILL: Duration = Duration::from_secs(2);
 
 pub struct ShellTool {
     spec: ToolSpec,
     root: WorkDir,
     settings: ShellSettings,
+    sandbox: Sandbox,
 }
 
 impl ShellTool {
+    /// Confined by bubblewrap found on PATH.
     pub fn new(root: &WorkDir, settings: ShellSettings) -> Self {
+        Self::with_sandbox(root, settings, Sandbox::default())
+    }
+
+    pub fn with_sandbox(root: &WorkDir, settings: ShellSettings, sandbox: Sandbox) -> Self {
+        let description = match (sandbox.mode(), settings.network) {
+            (SandboxMode::Off, _) => {
+                "Run a shell command (sh -c) in the work directory; the observation has its exit code, stdout and stderr."
+            }
+            (SandboxMode::Bubblewrap, false) => {
+                "Run a shell command (sh -c) in the work directory, in a sandbox: only the work directory is writable, /tmp is private, there is no network, and every process it starts ends with it; the observation has its exit code, stdout and stderr."
+            }
+            (SandboxMode::Bubblewrap, true) => {
+                "Run a shell command (sh -c) in the work directory, in a sandbox: only the work directory is writable, /tmp is private, and every process it starts ends with it; the observation has its exit code, stdout and stderr."
+            }
+        };
         Self {
             spec: ToolSpec {
                 name: "shell.exec".into(),
-                description: "Run a shell command (sh -c) in the work directory; the observation has its exit code, stdout and stderr.".into(),
+                description: description.into(),
                 input_schema: json!({
                     "type": "object",
                     "properties": {"command": {"type": "string", "minLength": 1}},
@@ -37,35 +62,124 @@ impl ShellTool {
             },
             root: root.clone(),
             settings,
+            sandbox,
         }
     }
 }
 
-/// Reads at most `cap` bytes and counts the rest.
-async fn capped(mut stream: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, usize) {
-    let mut kept = Vec::new();
-    let mut dropped = 0;
-    let mut buffer = [0u8; 8192];
-    loop {
-        match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => return (kept, dropped),
-            Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
-                kept.extend_from_slice(&buffer[..n.min(room)]);
-                dropped += n.saturating_sub(room);
+/// At most `cap` bytes of one output stream, and how many more were dropped.
+struct Captured {
+    kept: Vec<u8>,
+    dropped: usize,
+    cap: usize,
+}
+
+impl Captured {
+    fn new(cap: usize) -> Self {
+        Self {
+            kept: Vec::new(),
+            dropped: 0,
+            cap,
+        }
+    }
+
+    /// Reads until end of file. Cancel-safe: what was read stays in `self`, and a stream at its
+    /// end is dropped so that a later call returns at once.
+    async fn drain(&mut self, stream: &mut Option<impl AsyncRead + Unpin>) {
+        let Some(reader) = stream.as_mut() else {
+            return;
+        };
+        let mut buffer = [0u8; 8192];
+        loop {
+            match reader.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = self.cap.saturating_sub(self.kept.len());
+                    self.kept.extend_from_slice(&buffer[..n.min(room)]);
+                    self.dropped += n.saturating_sub(room);
+                }
             }
         }
+        *stream = None;
+    }
+
+    fn section(&self, name: &str) -> String {
+        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
+        if self.dropped > 0 {
+            text.push_str(&format!(
+                "\n[{name} truncated: {} more bytes not shown]",
+                self.dropped
+            ));
+        }
+        text
     }
 }
 
-fn section(name: &str, (bytes, dropped): (Vec<u8>, usize)) -> String {
-    let mut text = String::from_utf8_lossy(&bytes).into_owned();
-    if dropped > 0 {
-        text.push_str(&format!(
-            "\n[{name} truncated: {dropped} more bytes not shown]"
-        ));
+/// How a run ended.
+struct Ended {
+    status: Option<ExitStatus>,
+    timed_out: bool,
+    stdout: Captured,
+    stderr: Captured,
+}
+
+/// Kills the process group of an unconfined shell (whatever it left running in it).
+async fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        let group = format!("-{pid}");
+        let kill = tokio::process::Command::new("kill")
+            .args(["-s", "KILL", "--", &group])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = tokio::time::timeout(AFTER_KILL, kill).await;
     }
-    text
+}
+
+/// Waits for `child` and reads its output, all within `timeout`; past it, kills it (and, under
+/// the sandbox, with it every process it started) and keeps what was read.
+async fn run_bounded(mut child: Child, cap: usize, timeout: Duration, confined: bool) -> Ended {
+    let pid = child.id();
+    let mut stdout: Option<ChildStdout> = child.stdout.take();
+    let mut stderr: Option<ChildStderr> = child.stderr.take();
+    let mut out = Captured::new(cap);
+    let mut err = Captured::new(cap);
+    let mut status = None;
+    let deadline = Instant::now() + timeout;
+    let finished = tokio::time::timeout_at(deadline, async {
+        let wait = async {
+            status = child.wait().await.ok();
+            if !confined {
+                // Background jobs of an unconfined shell would hold the pipes open.
+                kill_group(pid).await;
+            }
+        };
+        tokio::join!(wait, out.drain(&mut stdout), err.drain(&mut stderr));
+    })
+    .await
+    .is_ok();
+    if !finished {
+        // Under bwrap, killing it kills its PID 1 (`--die-with-parent`), which ends the
+        // whole PID namespace.
+        if !confined {
+            kill_group(pid).await;
+        }
+        let _ = child.start_kill();
+        if status.is_none() {
+            // Reaped only; the run's status stays "timed out".
+            let _ = tokio::time::timeout(AFTER_KILL, child.wait()).await;
+        }
+        let _ = tokio::time::timeout(AFTER_KILL, async {
+            tokio::join!(out.drain(&mut stdout), err.drain(&mut stderr));
+        })
+        .await;
+    }
+    Ended {
+        status,
+        timed_out: !finished,
+        stdout: out,
+        stderr: err,
+    }
 }
 
 #[async_trait]
@@ -79,69 +193,69 @@ impl Tool for ShellTool {
             .get("command")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let mut process = tokio::process::Command::new("sh");
+        let failed = |message: String| ToolError::Failed {
+            tool: self.spec.name.clone(),
+            message,
+        };
+        let launch = self
+            .sandbox
+            .launch(self.root.root(), self.settings.network, command)
+            .await
+            .map_err(failed)?;
+        let mut process = launch.command;
         process
-            .arg("-c")
-            .arg(command)
-            .current_dir(self.root.root())
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            // Its own process group, so that a timeout kills what it started too.
-            .process_group(0);
+            .kill_on_drop(true);
+        if !launch.confined {
+            // Its own process group, so that a timeout kills what it started in it too.
+            process.process_group(0);
+        }
+        // bwrap's PID 1 keeps this environment too: nothing but the allowed variables.
         for name in &self.settings.env_allow {
             if let Ok(value) = std::env::var(name) {
                 process.env(name, value);
             }
         }
-        let mut child = process.spawn().map_err(|e| ToolError::Failed {
-            tool: self.spec.name.clone(),
-            message: format!("cannot start sh: {e}"),
-        })?;
-        let pid = child.id();
-        let cap = self.settings.max_output_bytes;
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let out_task = tokio::spawn(async move {
-            match stdout {
-                Some(s) => capped(s, cap).await,
-                None => (Vec::new(), 0),
-            }
-        });
-        let err_task = tokio::spawn(async move {
-            match stderr {
-                Some(s) => capped(s, cap).await,
-                None => (Vec::new(), 0),
-            }
-        });
+        let child = process
+            .spawn()
+            .map_err(|e| failed(format!("cannot start the shell: {e}")))?;
         let timeout = Duration::from_secs(self.settings.timeout_secs.max(1));
-        let status = match tokio::time::timeout(timeout, child.wait()).await {
-            Ok(status) => status.ok(),
-            Err(_) => {
-                if let Some(pid) = pid {
-                    let group = format!("-{pid}");
-                    let _ = tokio::process::Command::new("kill")
-                        .args(["-s", "KILL", "--", &group])
-                        .status()
-                        .await;
-                }
-                let _ = child.kill().await;
-                None
-            }
-        };
-        let stdout = section("stdout", out_task.await.unwrap_or_default());
-        let stderr = section("stderr", err_task.await.unwrap_or_default());
-        let (head, ok) = match status.and_then(|s| s.code()) {
-            Some(code) => (format!("exit code {code}"), code == 0),
-            None if status.is_none() => (
-                format!("timed out after {} s and was killed", timeout.as_secs()),
+        let ended = run_bounded(
+            child,
+            self.settings.max_output_bytes,
+            timeout,
+            launch.confined,
+        )
+        .await;
+        let seconds = timeout.as_secs();
+        let (head, ok) = match (ended.status, ended.timed_out) {
+            (None, true) if launch.confined => (
+                format!(
+                    "timed out after {seconds} s and was killed, with every process it started"
+                ),
                 false,
             ),
-            None => ("killed by a signal".to_owned(), false),
+            (None, true) => (format!("timed out after {seconds} s and was killed"), false),
+            (Some(status), timed_out) => match status.code() {
+                Some(code) if timed_out => (
+                    format!(
+                        "exit code {code}; processes it left in the background kept its output open until the timeout ({seconds} s) and were killed"
+                    ),
+                    code == 0,
+                ),
+                Some(code) => (format!("exit code {code}"), code == 0),
+                None => ("killed by a signal".to_owned(), false),
+            },
+            (None, false) => ("its exit status could not be read".to_owned(), false),
         };
-        let text = format!("{head}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
+        let text = format!(
+            "{head}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            ended.stdout.section("stdout"),
+            ended.stderr.section("stderr")
+        );
         Ok(if ok {
             ToolOutput::success(text)
         } else {
