@@ -4,6 +4,7 @@
 //! JSON pointer, so a user fixes a skill in one round instead of one error at a time.
 
 mod frontmatter;
+mod ranges;
 mod settings;
 
 use std::fmt;
@@ -18,6 +19,8 @@ pub use settings::{
     DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, ShellSettings, SkillSettings,
     ToolSelection, UnknownOutcome, line_column,
 };
+pub use settings::{SKILL_RANGES, SettingsProblem};
+pub use ranges::{Allowed, RangeProblem, SettingRange, check_ranges};
 
 use crate::schema::StateSchema;
 use crate::tokens::count_tokens;
@@ -313,33 +316,21 @@ impl<'a> Loader<'a> {
         let Some(text) = self.read(SETTINGS_FILE, false) else {
             return Some(SkillSettings::default());
         };
+        // Ranges (SKILL_RANGES) are checked while parsing: every value out of range is reported.
         match SkillSettings::from_toml(&text) {
-            Ok(settings) => {
-                let mut ok = true;
-                if settings.budgets.state_tokens == 0 || settings.budgets.observation_tokens == 0 {
+            Ok(settings) => Some(settings),
+            Err(problems) => {
+                for (position, message) in problems {
+                    let location = position.map(|(line, column)| Location::Line {
+                        line,
+                        column: Some(column),
+                    });
                     self.error(
                         SETTINGS_FILE,
-                        None,
-                        "[budgets] state_tokens and observation_tokens must be positive",
+                        location,
+                        format!("invalid skill.toml: {message}"),
                     );
-                    ok = false;
                 }
-                if settings.run.max_steps == 0 {
-                    self.error(SETTINGS_FILE, None, "[run] max_steps must be at least 1");
-                    ok = false;
-                }
-                ok.then_some(settings)
-            }
-            Err((position, message)) => {
-                let location = position.map(|(line, column)| Location::Line {
-                    line,
-                    column: Some(column),
-                });
-                self.error(
-                    SETTINGS_FILE,
-                    location,
-                    format!("invalid skill.toml: {message}"),
-                );
                 None
             }
         }

@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::ranges::{SettingRange, check_ranges};
+
 pub const DEFAULT_STATE_TOKENS: usize = 2000;
 pub const DEFAULT_OBSERVATION_TOKENS: usize = 1000;
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
@@ -87,9 +89,6 @@ pub struct ShellSettings {
     pub max_output_bytes: usize,
     /// Environment variables passed through from skillstate's own environment.
     pub env_allow: Vec<String>,
-    /// Whether commands may use the network. Off by default: the sandbox gives them a network
-    /// namespace of their own with only a loopback interface.
-    pub network: bool,
 }
 
 impl Default for ShellSettings {
@@ -98,7 +97,6 @@ impl Default for ShellSettings {
             timeout_secs: 30,
             max_output_bytes: 16 * 1024,
             env_allow: vec!["PATH".into(), "LANG".into(), "LC_ALL".into(), "TZ".into()],
-            network: false,
         }
     }
 }
@@ -120,12 +118,64 @@ pub struct EnvironmentSettings {
     pub params: Map<String, Value>,
 }
 
+/// The allowed range of every numeric setting of `skill.toml` (`[environment]` parameters are
+/// checked by the environment that reads them).
+pub const SKILL_RANGES: &[SettingRange] = &[
+    SettingRange::integer(
+        "budgets.state_tokens",
+        1,
+        1_000_000,
+        "the state budget in tokens",
+    ),
+    SettingRange::integer(
+        "budgets.observation_tokens",
+        1,
+        1_000_000,
+        "the observation budget in tokens",
+    ),
+    SettingRange::integer(
+        "run.max_retries",
+        0,
+        100,
+        "the rejected answers allowed per step",
+    ),
+    SettingRange::integer(
+        "run.max_steps",
+        1,
+        100_000_000,
+        "the accepted steps allowed per task",
+    ),
+    SettingRange::integer(
+        "tools.shell.timeout_secs",
+        1,
+        86_400,
+        "a shell command's timeout in seconds",
+    ),
+    SettingRange::integer(
+        "tools.shell.max_output_bytes",
+        1,
+        64 * 1024 * 1024,
+        "the bytes kept of each output stream",
+    ),
+];
+
+/// One problem in `skill.toml`: the 1-based line and column when known, and the message.
+pub type SettingsProblem = (Option<(usize, usize)>, String);
+
 impl SkillSettings {
-    /// Parses `skill.toml` text. Errors carry a 1-based line and column when the parser knows them.
-    pub fn from_toml(text: &str) -> Result<Self, (Option<(usize, usize)>, String)> {
+    /// Parses `skill.toml` text: every number outside its range in [`SKILL_RANGES`], or else
+    /// the parser's error, each with a 1-based line and column when known.
+    pub fn from_toml(text: &str) -> Result<Self, Vec<SettingsProblem>> {
+        let problems = check_ranges(text, SKILL_RANGES);
+        if !problems.is_empty() {
+            return Err(problems
+                .into_iter()
+                .map(|p| (Some((p.line, p.column)), p.message))
+                .collect());
+        }
         toml::from_str::<SkillSettings>(text).map_err(|error| {
             let position = error.span().map(|span| line_column(text, span.start));
-            (position, error.message().to_owned())
+            vec![(position, error.message().to_owned())]
         })
     }
 }
@@ -164,9 +214,51 @@ mod tests {
 
     #[test]
     fn unknown_keys_report_their_line() {
-        let (position, message) =
+        let problems =
             SkillSettings::from_toml("[run]\nmax_steps = 3\nmax_stepz = 4\n").unwrap_err();
+        let (position, message) = &problems[0];
         assert_eq!(position.map(|p| p.0), Some(3));
         assert!(message.contains("max_stepz"), "{message}");
+    }
+
+    #[test]
+    fn settings_out_of_range_are_all_reported_with_their_line() {
+        let text = "[budgets]\nstate_tokens = 0\n[run]\nmax_retries = 4294967295\nmax_steps = 0\n[tools.shell]\ntimeout_secs = 18446744073709551615\n";
+        let problems = SkillSettings::from_toml(text).unwrap_err();
+        let lines: Vec<usize> = problems.iter().filter_map(|p| p.0.map(|p| p.0)).collect();
+        assert_eq!(lines, [2, 4, 5, 7], "{problems:?}");
+        assert!(
+            problems[1]
+                .1
+                .contains("[run] max_retries = 4294967295 is out of range")
+        );
+        assert!(problems[1].1.contains("from 0 to 100"));
+    }
+
+    /// Guards the class: a numeric setting added later without a range fails here.
+    #[test]
+    fn every_numeric_setting_has_a_range() {
+        let text = toml::to_string(&SkillSettings::default()).unwrap();
+        let table: toml::Table = toml::from_str(&text).unwrap();
+        let mut numeric = Vec::new();
+        numeric_keys(&table, "", &mut numeric);
+        assert!(!numeric.is_empty());
+        for key in numeric {
+            assert!(
+                SKILL_RANGES.iter().any(|r| r.key == key),
+                "`{key}` in skill.toml has no entry in SKILL_RANGES (crates/core/src/skill/settings.rs)"
+            );
+        }
+    }
+
+    fn numeric_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (key, value) in table {
+            let path = format!("{prefix}{key}");
+            match value {
+                toml::Value::Table(inner) => numeric_keys(inner, &format!("{path}."), out),
+                toml::Value::Integer(_) | toml::Value::Float(_) => out.push(path),
+                _ => {}
+            }
+        }
     }
 }
