@@ -6,6 +6,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::strict_json::{StrictJsonError, parse_strict};
+
 /// A model output that has the expected outer shape. Patch and action are still unchecked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedOutput {
@@ -42,6 +44,7 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
                 "",
                 format!("the output is not a JSON object; {EXPECTED_FORM}"),
             )),
+            Err(error) if !error.syntax => Err(refused(error)),
             Err(error) => Err(problem(
                 "",
                 format!(
@@ -62,6 +65,7 @@ pub fn parse_output(text: &str) -> Result<ParsedOutput, ParseProblem> {
             "",
             format!("the ```json block does not hold a JSON object; {EXPECTED_FORM}"),
         )),
+        Err(error) if !error.syntax => Err(refused(error)),
         Err(error) => Err(problem(
             "",
             format!("the ```json block is not valid JSON ({error}); {EXPECTED_FORM}"),
@@ -132,17 +136,26 @@ fn parse_action(action: Value) -> Result<RawAction, ParseProblem> {
     Ok(RawAction { tool, args })
 }
 
-/// Parses JSON, tolerating raw control characters inside strings (some constrained decoders,
-/// llama.cpp's among them, let a literal newline into a string); they are escaped and the text
-/// parsed again. The original error is kept when that does not help either.
-fn parse_json(text: &str) -> Result<Value, serde_json::Error> {
-    match serde_json::from_str::<Value>(text) {
-        Ok(value) => Ok(value),
-        Err(error) => match escape_controls_in_strings(text) {
-            Some(escaped) => serde_json::from_str::<Value>(&escaped).map_err(|_| error),
+/// Parses JSON strictly (duplicate keys and numbers beyond ±2^53 are refused with their
+/// pointer, see `strict_json`), tolerating raw control characters inside strings (some
+/// constrained decoders, llama.cpp's among them, let a literal newline into a string); they are
+/// escaped and the text parsed again. The original error is kept when that does not help either.
+fn parse_json(text: &str) -> Result<Value, StrictJsonError> {
+    match parse_strict(text) {
+        Err(error) if error.syntax => match escape_controls_in_strings(text) {
+            Some(escaped) => match parse_strict(&escaped) {
+                Err(again) if again.syntax => Err(error),
+                other => other,
+            },
             None => Err(error),
         },
+        other => other,
     }
+}
+
+/// A value the strict parser refused (duplicate key, number beyond ±2^53), at its pointer.
+fn refused(error: StrictJsonError) -> ParseProblem {
+    problem(&error.pointer, error.message)
 }
 
 /// `text` with control characters inside string literals escaped, or `None` if it has none.
@@ -259,5 +272,21 @@ mod tests {
                 .pointer,
             "/action"
         );
+    }
+
+    #[test]
+    fn refuses_duplicate_keys_and_big_numbers_with_pointers() {
+        let err = parse_output(
+            r#"{"state_patch": {"inventory": {"a": "x", "a": "y"}}, "action": {"tool": "wait"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.pointer, "/state_patch/inventory/a");
+        assert!(err.message.contains("twice"), "{}", err.message);
+        let err = parse_output(
+            "Counting.\n```json\n{\"state_patch\": {\"n\": 9007199254740993}, \"action\": {\"tool\": \"wait\"}}\n```",
+        )
+        .unwrap_err();
+        assert_eq!(err.pointer, "/state_patch/n");
+        assert!(err.message.contains("string"), "{}", err.message);
     }
 }

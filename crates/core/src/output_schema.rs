@@ -3,17 +3,25 @@
 //! `state_patch` (the state schema with every property optional and nullable, recursively, as a
 //! merge patch; read-only properties left out), then `action` (one branch per tool).
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value, json};
 
 use crate::schema::StateSchema;
+use crate::schema_graph::{EdgeKind, SchemaGraph};
 use crate::tool::ToolSpec;
-
-/// How deep `$ref`s are inlined before giving up (cyclic schemas stay open there).
-const MAX_DEPTH: usize = 12;
 
 pub fn step_output_schema(state: &StateSchema, tools: &[ToolSpec]) -> Value {
     let document = state.document();
-    let mut patch = patchify(document, document, 0);
+    let (mut patch, defs) = match SchemaGraph::build(document) {
+        Ok(graph) => {
+            let mut deriver = Deriver::new(&graph);
+            let patch = deriver.patch(document);
+            (patch, deriver.finish())
+        }
+        // Unreachable for a compiled schema; an open patch is still a usable answer form.
+        Err(_) => (json!({"type": "object"}), Map::new()),
+    };
     if let Value::Object(map) = &mut patch {
         // The root of a merge patch cannot be null: null would delete the whole state.
         map.remove("anyOf");
@@ -32,7 +40,7 @@ pub fn step_output_schema(state: &StateSchema, tools: &[ToolSpec]) -> Value {
             })
         })
         .collect();
-    json!({
+    let mut schema = json!({
         "type": "object",
         "properties": {
             "reasoning": {"type": "string", "maxLength": 400, "description": "Brief reasoning; it is stored, never shown again."},
@@ -42,86 +50,165 @@ pub fn step_output_schema(state: &StateSchema, tools: &[ToolSpec]) -> Value {
         },
         "required": ["reasoning", "state_patch", "action"],
         "additionalProperties": false,
-    })
+    });
+    if !defs.is_empty()
+        && let Value::Object(map) = &mut schema
+    {
+        map.insert("$defs".into(), Value::Object(defs));
+    }
+    schema
 }
 
-/// The merge-patch form of `schema`: objects keep their properties, all optional and each
-/// nullable (null deletes); read-only properties are dropped; local `$ref`s are inlined.
-fn patchify(schema: &Value, root: &Value, depth: usize) -> Value {
-    let Value::Object(source) = schema else {
-        return schema.clone();
-    };
-    if depth > MAX_DEPTH {
-        return json!({});
-    }
-    if let Some(target) = source
-        .get("$ref")
-        .and_then(Value::as_str)
-        .and_then(|r| r.strip_prefix('#'))
-        .and_then(|pointer| root.pointer(pointer))
-    {
-        return patchify(target, root, depth + 1);
-    }
-    let mut out = Map::new();
-    for (key, value) in source {
-        match key.as_str() {
-            "$schema" | "$id" | "$defs" | "definitions" | "title" | "required" | "readOnly"
-            | "default" | "examples" => {}
-            "properties" => {
-                let mut properties = Map::new();
-                if let Value::Object(props) = value {
-                    for (name, sub) in props {
-                        if is_read_only(sub, root) {
-                            continue;
-                        }
-                        properties.insert(name.clone(), nullable(patchify(sub, root, depth + 1)));
-                    }
-                }
-                out.insert(key.clone(), Value::Object(properties));
-            }
-            "additionalProperties" | "patternProperties" if value.is_object() => {
-                let mapped = if key == "patternProperties" {
-                    Value::Object(
-                        value
-                            .as_object()
-                            .map(|m| {
-                                m.iter()
-                                    .map(|(p, s)| {
-                                        (p.clone(), nullable(patchify(s, root, depth + 1)))
-                                    })
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                    )
-                } else {
-                    nullable(patchify(value, root, depth + 1))
-                };
-                out.insert(key.clone(), mapped);
-            }
-            _ => {
-                out.insert(key.clone(), value.clone());
-            }
+/// Builds the merge-patch form of the state schema. Every `$ref` target becomes one entry of
+/// the output's `$defs` (`patch_N` in merge-patch form, `full_N` as it is), derived once, so the
+/// work is linear in the size of the schema whatever its references and recursion.
+struct Deriver<'g, 'a> {
+    graph: &'g SchemaGraph<'a>,
+    node_of: HashMap<*const Value, usize>,
+    read_only: Vec<bool>,
+    defs: Map<String, Value>,
+    pending: Vec<(usize, bool)>,
+    named: HashMap<(usize, bool), String>,
+}
+
+impl<'g, 'a> Deriver<'g, 'a> {
+    fn new(graph: &'g SchemaGraph<'a>) -> Self {
+        Self {
+            graph,
+            node_of: graph
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.schema as *const Value, i))
+                .collect(),
+            read_only: graph.read_only_closure(),
+            defs: Map::new(),
+            pending: Vec::new(),
+            named: HashMap::new(),
         }
     }
-    Value::Object(out)
+
+    /// Derives every definition referred to so far (and those they refer to).
+    fn finish(mut self) -> Map<String, Value> {
+        while let Some((node, as_patch)) = self.pending.pop() {
+            let schema = self.graph.nodes[node].schema;
+            let body = if as_patch {
+                self.patch(schema)
+            } else {
+                self.full(schema)
+            };
+            let name = self.named[&(node, as_patch)].clone();
+            self.defs.insert(name, body);
+        }
+        self.defs.sort_keys();
+        self.defs
+    }
+
+    /// `#/$defs/NAME` for the target of the `$ref` in `schema`, queued for derivation.
+    fn reference(&mut self, schema: &Value, as_patch: bool) -> Option<String> {
+        let node = *self.node_of.get(&(schema as *const Value))?;
+        let target = self.graph.nodes[node]
+            .edges
+            .iter()
+            .find(|e| e.kind == EdgeKind::Same && e.keyword.ends_with("/$ref"))?
+            .to;
+        let name = match self.named.get(&(target, as_patch)) {
+            Some(name) => name.clone(),
+            None => {
+                let name = format!("{}_{target}", if as_patch { "patch" } else { "full" });
+                self.named.insert((target, as_patch), name.clone());
+                self.pending.push((target, as_patch));
+                name
+            }
+        };
+        Some(format!("#/$defs/{name}"))
+    }
+
+    fn is_read_only(&self, schema: &Value) -> bool {
+        self.node_of
+            .get(&(schema as *const Value))
+            .is_some_and(|&n| self.read_only[n])
+    }
+
+    /// The merge-patch form of `schema`: objects keep their properties, all optional and each
+    /// nullable (null deletes); read-only properties are dropped; `$ref`s point at the patch
+    /// form of their target.
+    fn patch(&mut self, schema: &Value) -> Value {
+        let Value::Object(source) = schema else {
+            return schema.clone();
+        };
+        let mut out = Map::new();
+        for (key, value) in source {
+            match key.as_str() {
+                "$schema" | "$id" | "$defs" | "definitions" | "title" | "required" | "readOnly"
+                | "default" | "examples" => {}
+                "$ref" => {
+                    if let Some(target) = self.reference(schema, true) {
+                        out.insert(key.clone(), Value::String(target));
+                    }
+                }
+                "properties" => {
+                    let mut properties = Map::new();
+                    if let Value::Object(props) = value {
+                        for (name, sub) in props {
+                            if self.is_read_only(sub) {
+                                continue;
+                            }
+                            let patched = self.patch(sub);
+                            properties.insert(name.clone(), nullable(patched));
+                        }
+                    }
+                    out.insert(key.clone(), Value::Object(properties));
+                }
+                "patternProperties" if value.is_object() => {
+                    let mut patterns = Map::new();
+                    if let Value::Object(subs) = value {
+                        for (pattern, sub) in subs {
+                            let patched = self.patch(sub);
+                            patterns.insert(pattern.clone(), nullable(patched));
+                        }
+                    }
+                    out.insert(key.clone(), Value::Object(patterns));
+                }
+                "additionalProperties" if value.is_object() => {
+                    let patched = self.patch(value);
+                    out.insert(key.clone(), nullable(patched));
+                }
+                _ => {
+                    out.insert(key.clone(), self.full(value));
+                }
+            }
+        }
+        Value::Object(out)
+    }
+
+    /// `value` as it is, with every `$ref` of a subschema pointing at its target's `$defs` entry.
+    fn full(&mut self, value: &Value) -> Value {
+        match value {
+            Value::Object(map) => {
+                let mut out = Map::new();
+                for (key, sub) in map {
+                    if key == "$ref"
+                        && let Some(target) = self.reference(value, false)
+                    {
+                        out.insert(key.clone(), Value::String(target));
+                        continue;
+                    }
+                    if key == "$defs" || key == "definitions" {
+                        continue;
+                    }
+                    out.insert(key.clone(), self.full(sub));
+                }
+                Value::Object(out)
+            }
+            Value::Array(items) => Value::Array(items.iter().map(|i| self.full(i)).collect()),
+            other => other.clone(),
+        }
+    }
 }
 
 fn nullable(schema: Value) -> Value {
     json!({"anyOf": [schema, {"type": "null"}]})
-}
-
-fn is_read_only(schema: &Value, root: &Value) -> bool {
-    if schema.get("readOnly").and_then(Value::as_bool) == Some(true) {
-        return true;
-    }
-    schema
-        .get("$ref")
-        .and_then(Value::as_str)
-        .and_then(|r| r.strip_prefix('#'))
-        .and_then(|pointer| root.pointer(pointer))
-        .and_then(|target| target.get("readOnly"))
-        .and_then(Value::as_bool)
-        == Some(true)
 }
 
 #[cfg(test)]
@@ -156,7 +243,10 @@ mod tests {
         let patch = &schema["properties"]["state_patch"];
         assert!(patch.get("required").is_none());
         assert!(patch["properties"].get("locked").is_none());
-        let items = &patch["properties"]["items"]["anyOf"][0];
+        let reference = patch["properties"]["items"]["anyOf"][0]["$ref"]
+            .as_str()
+            .unwrap();
+        let items = &schema["$defs"][reference.trim_start_matches("#/$defs/")];
         assert_eq!(
             items["additionalProperties"]["anyOf"][1],
             json!({"type": "null"})

@@ -1,14 +1,28 @@
-//! The state schema: JSON Schema 2020-12 validation and the read-only map derived from it.
+//! The state schema: JSON Schema 2020-12 validation, and which instance locations are read-only.
+//!
+//! Read-only-ness is decided by the schema's own evaluation, never by a walk of our own:
+//! JSON Schema 2020-12 reports `readOnly` as an annotation at each instance location it
+//! applies to, from exactly the subschemas that validate (failed `anyOf`/`oneOf` branches and a
+//! failed `if` drop theirs). `changed_read_only_locations` evaluates the state before and after
+//! a patch and compares the values at every location annotated read-only in either.
+//!
+//! Patterns are matched with the linear-time `regex` engine, not a backtracking one: every
+//! match finishes, so an evaluation is never cut short (a backtracking engine that gives up
+//! makes the validator report no annotations at all) and no string a model writes can make
+//! validation backtrack for long. Look-around and back-references are refused at compile time.
 
 use serde_json::Value;
 
-use crate::json::{escape_token, pointer_tokens};
+use crate::json::escape_token;
+use crate::schema_graph::{EdgeKind, Label, SchemaGraph};
 
-/// A compiled state schema. Keeps the source document because read-only lookups and prompts
-/// need it, and the compiled validator because every step validates against it.
+/// A compiled state schema. Keeps the source document because prompts and the derived output
+/// schema need it, and the compiled validator because every step validates against it.
 pub struct StateSchema {
     document: Value,
     validator: jsonschema::Validator,
+    /// `false` when no `"readOnly": true` appears anywhere: read-only checks are skipped.
+    has_read_only: bool,
 }
 
 /// One way an instance fails the schema, located by JSON pointer into the instance.
@@ -27,46 +41,72 @@ pub struct SchemaDefect {
 
 const DRAFT_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
 
+/// How far below the root `declared_read_only_properties` looks.
+const MAX_DECLARED_DEPTH: usize = 16;
+
 impl StateSchema {
-    /// Compiles `document` as a Draft 2020-12 schema (checked against the meta-schema).
+    /// Compiles `document` as a Draft 2020-12 schema (checked against the meta-schema and by
+    /// the schema guard); the first defect found, see [`StateSchema::compile_all`].
     pub fn compile(document: Value) -> Result<Self, SchemaDefect> {
+        Self::compile_all(document).map_err(|mut defects| defects.swap_remove(0))
+    }
+
+    /// Compiles `document`, or returns every defect found (never an empty list).
+    pub fn compile_all(document: Value) -> Result<Self, Vec<SchemaDefect>> {
         if let Some(declared) = document.get("$schema") {
             let declared_str = declared.as_str().unwrap_or_default();
             if declared_str.trim_end_matches('#') != DRAFT_2020_12 {
-                return Err(SchemaDefect {
+                return Err(vec![SchemaDefect {
                     pointer: "/$schema".into(),
                     message: format!(
                         "state schemas must be JSON Schema 2020-12; found {declared}. Set \"$schema\" to \"{DRAFT_2020_12}\" or remove it"
                     ),
-                });
+                }]);
             }
         }
         if !document.is_object() {
-            return Err(SchemaDefect {
+            return Err(vec![SchemaDefect {
                 pointer: String::new(),
                 message: "a state schema must be a JSON object".into(),
-            });
+            }]);
         }
         if let Some(kind) = document.get("type")
             && kind != "object"
         {
-            return Err(SchemaDefect {
+            return Err(vec![SchemaDefect {
                 pointer: "/type".into(),
                 message: format!(
                     "the state is a JSON object (patches merge into it), so the root schema must have \"type\": \"object\", not {kind}"
                 ),
-            });
+            }]);
         }
-        let validator = jsonschema::draft202012::new(&document).map_err(|error| {
-            let instance_path = error.instance_path().to_string();
-            SchemaDefect {
-                pointer: instance_path,
-                message: format!("not a valid JSON Schema 2020-12: {error}"),
-            }
-        })?;
+        // The guard runs before the validator is built, so nothing ever evaluates a schema it
+        // refuses.
+        let defects = match SchemaGraph::build(&document) {
+            Ok(graph) => crate::schema_guard::check(&graph),
+            Err(defects) => defects,
+        };
+        if !defects.is_empty() {
+            return Err(defects);
+        }
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .with_pattern_options(jsonschema::PatternOptions::regex())
+            .build(&document)
+            .map_err(|error| {
+                let instance_path = error.instance_path().to_string();
+                vec![SchemaDefect {
+                    pointer: instance_path,
+                    message: format!(
+                        "not a valid JSON Schema 2020-12: {error} (patterns use the linear-time regex syntax: no look-around, no back-references)"
+                    ),
+                }]
+            })?;
+        let has_read_only = mentions_read_only(&document);
         Ok(Self {
             document,
             validator,
+            has_read_only,
         })
     }
 
@@ -89,198 +129,132 @@ impl StateSchema {
         self.validator.is_valid(instance)
     }
 
-    /// `true` when the instance location `pointer` (or any location above it) is governed by a
-    /// subschema marked `"readOnly": true`.
-    pub fn is_read_only_at(&self, pointer: &str) -> bool {
-        let Some(tokens) = pointer_tokens(pointer) else {
-            return false;
-        };
-        let mut frontier = vec![&self.document];
-        for depth in 0..=tokens.len() {
-            let mut expanded = Vec::new();
-            for schema in frontier {
-                self.expand(schema, &mut expanded, 0);
-            }
-            if expanded.iter().any(|s| is_read_only(s)) {
-                return true;
-            }
-            let Some(token) = tokens.get(depth) else {
-                break;
-            };
-            frontier = expanded
-                .into_iter()
-                .flat_map(|s| child_schemas(s, token))
-                .collect();
-            if frontier.is_empty() {
-                break;
-            }
-        }
-        false
+    /// `true` when the schema says `"readOnly": true` somewhere.
+    pub fn has_read_only(&self) -> bool {
+        self.has_read_only
     }
 
-    /// Instance pointers inside `state` that hold read-only values (the topmost of each subtree).
-    pub fn read_only_locations(&self, state: &Value) -> Vec<String> {
-        let mut found = Vec::new();
-        self.collect_read_only(&self.document, state, String::new(), &mut found);
+    /// Instance locations (JSON pointers) that evaluating `instance` annotates with
+    /// `"readOnly": true`, each once, in evaluation order. Empty when the instance fails the
+    /// schema: JSON Schema drops every annotation of a failed evaluation.
+    pub fn read_only_annotations(&self, instance: &Value) -> Vec<String> {
+        if !self.has_read_only {
+            return Vec::new();
+        }
+        let evaluation = self.validator.evaluate(instance);
+        let mut found: Vec<String> = Vec::new();
+        for entry in evaluation.iter_annotations() {
+            if crate::schema_graph::is_read_only(entry.annotations.value()) {
+                let location = entry.instance_location.as_str();
+                if !found.iter().any(|f| f == location) {
+                    found.push(location.to_owned());
+                }
+            }
+        }
         found
     }
 
-    /// Read-only locations named by the schema's `properties`, for telling the model up front.
+    /// The read-only locations whose value differs between `before` and `after` (a value that
+    /// appears or disappears counts, and so does any change below the location): every location
+    /// annotated read-only when evaluating either state. Each is reported once, topmost first,
+    /// and a location inside another reported one is left out.
+    pub fn changed_read_only_locations(&self, before: &Value, after: &Value) -> Vec<String> {
+        if !self.has_read_only {
+            return Vec::new();
+        }
+        let mut locations = self.read_only_annotations(before);
+        for location in self.read_only_annotations(after) {
+            if !locations.contains(&location) {
+                locations.push(location);
+            }
+        }
+        let mut changed: Vec<String> = locations
+            .into_iter()
+            .filter(|l| before.pointer(l) != after.pointer(l))
+            .collect();
+        changed.sort_by(|a, b| {
+            let depth = |p: &str| p.matches('/').count();
+            depth(a).cmp(&depth(b)).then_with(|| a.cmp(b))
+        });
+        let mut reported: Vec<String> = Vec::new();
+        for location in changed {
+            if !reported
+                .iter()
+                .any(|r| crate::json::pointer_is_within(&location, r))
+            {
+                reported.push(location);
+            }
+        }
+        reported
+    }
+
+    /// Read-only locations named by the schema's `properties`, for telling the model up front
+    /// (enforcement does not use this: see [`StateSchema::changed_read_only_locations`]).
+    /// Follows `$ref`s and combinators; visits each subschema a bounded number of times.
     pub fn declared_read_only_properties(&self) -> Vec<String> {
-        let mut found = Vec::new();
-        self.collect_declared(&self.document, String::new(), &mut found, 0);
+        let Ok(graph) = SchemaGraph::build(&self.document) else {
+            return Vec::new();
+        };
+        let read_only = graph.read_only_closure();
+        let same = graph.same_edges();
+        let mut budget = 4 * graph.nodes.len() + 64;
+        let mut found: Vec<String> = Vec::new();
+        let mut stack = vec![(0usize, String::new(), 0usize)];
+        while let Some((node, at, depth)) = stack.pop() {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            if read_only[node] {
+                if !found.contains(&at) {
+                    found.push(at);
+                }
+                continue;
+            }
+            if depth >= MAX_DECLARED_DEPTH {
+                continue;
+            }
+            // Same-location closure in document order, each subschema once.
+            let mut closure = vec![node];
+            let mut next = 0;
+            while next < closure.len() {
+                for &w in &same[closure[next]] {
+                    if !closure.contains(&w) && closure.len() < 256 {
+                        closure.push(w);
+                    }
+                }
+                next += 1;
+            }
+            let mut children = Vec::new();
+            for &s in &closure {
+                for edge in &graph.nodes[s].edges {
+                    if let EdgeKind::Descend(Label::Property(name)) = &edge.kind {
+                        children.push((edge.to, format!("{at}/{}", escape_token(name)), depth + 1));
+                    }
+                }
+            }
+            stack.extend(children.into_iter().rev());
+        }
         found
     }
+}
 
-    fn collect_declared(&self, schema: &Value, at: String, found: &mut Vec<String>, depth: usize) {
-        if depth > 16 {
-            return;
-        }
-        let mut expanded = Vec::new();
-        self.expand(schema, &mut expanded, 0);
-        if expanded.iter().any(|s| is_read_only(s)) {
-            found.push(at);
-            return;
-        }
-        for s in expanded {
-            if let Some(Value::Object(props)) = s.get("properties") {
-                for (name, sub) in props {
-                    self.collect_declared(
-                        sub,
-                        format!("{at}/{}", escape_token(name)),
-                        found,
-                        depth + 1,
-                    );
-                }
-            }
-        }
-    }
-
-    fn collect_read_only(
-        &self,
-        schema: &Value,
-        instance: &Value,
-        at: String,
-        found: &mut Vec<String>,
-    ) {
-        let mut expanded = Vec::new();
-        self.expand(schema, &mut expanded, 0);
-        if expanded.iter().any(|s| is_read_only(s)) {
-            found.push(at);
-            return;
-        }
-        match instance {
+/// `true` when some object in `document` has `"readOnly": true`.
+fn mentions_read_only(document: &Value) -> bool {
+    let mut stack = vec![document];
+    while let Some(value) = stack.pop() {
+        match value {
             Value::Object(map) => {
-                for (key, child) in map {
-                    for sub in expanded.iter().flat_map(|s| child_schemas(s, key)) {
-                        self.collect_read_only(
-                            sub,
-                            child,
-                            format!("{at}/{}", escape_token(key)),
-                            found,
-                        );
-                    }
+                if map.get("readOnly") == Some(&Value::Bool(true)) {
+                    return true;
                 }
+                stack.extend(map.values());
             }
-            Value::Array(items) => {
-                for (index, child) in items.iter().enumerate() {
-                    let key = index.to_string();
-                    for sub in expanded.iter().flat_map(|s| child_schemas(s, &key)) {
-                        self.collect_read_only(sub, child, format!("{at}/{index}"), found);
-                    }
-                }
-            }
+            Value::Array(items) => stack.extend(items),
             _ => {}
         }
-        found.dedup();
     }
-
-    /// Adds `schema` and every subschema that applies to the same instance location through
-    /// local `$ref` and the `allOf`/`anyOf`/`oneOf` combinators. Conservative on purpose: a
-    /// read-only mark in any branch protects the location.
-    fn expand<'a>(&'a self, schema: &'a Value, out: &mut Vec<&'a Value>, depth: usize) {
-        if depth > 32 {
-            return;
-        }
-        out.push(schema);
-        if let Some(reference) = schema.get("$ref").and_then(Value::as_str)
-            && let Some(target) = self.resolve_local(reference)
-        {
-            self.expand(target, out, depth + 1);
-        }
-        for combinator in ["allOf", "anyOf", "oneOf"] {
-            if let Some(Value::Array(branches)) = schema.get(combinator) {
-                for branch in branches {
-                    self.expand(branch, out, depth + 1);
-                }
-            }
-        }
-    }
-
-    fn resolve_local(&self, reference: &str) -> Option<&Value> {
-        let fragment = reference.strip_prefix('#')?;
-        self.document.pointer(fragment)
-    }
-}
-
-fn is_read_only(schema: &Value) -> bool {
-    schema.get("readOnly").and_then(Value::as_bool) == Some(true)
-}
-
-/// Subschemas that govern the child named `token` of an instance governed by `schema`.
-fn child_schemas<'a>(schema: &'a Value, token: &str) -> Vec<&'a Value> {
-    let mut children = Vec::new();
-    let mut matched_named = false;
-    if let Some(sub) = schema.get("properties").and_then(|p| p.get(token)) {
-        children.push(sub);
-        matched_named = true;
-    }
-    if let Some(Value::Object(patterns)) = schema.get("patternProperties") {
-        for (pattern, sub) in patterns {
-            if pattern_matches(pattern, token) {
-                children.push(sub);
-                matched_named = true;
-            }
-        }
-    }
-    if !matched_named
-        && let Some(sub) = schema.get("additionalProperties")
-        && sub.is_object()
-    {
-        children.push(sub);
-    }
-    if let Ok(index) = token.parse::<usize>() {
-        let prefix = schema.get("prefixItems").and_then(Value::as_array);
-        match prefix.and_then(|p| p.get(index)) {
-            Some(sub) => children.push(sub),
-            None => {
-                if let Some(sub) = schema.get("items").filter(|s| s.is_object()) {
-                    children.push(sub);
-                }
-            }
-        }
-    }
-    children
-}
-
-/// Pattern matching for `patternProperties` without a regex engine in the pure core: exact
-/// anchored literals and prefix patterns are matched; anything more complex is assumed to match,
-/// which only makes read-only protection stricter, never weaker.
-fn pattern_matches(pattern: &str, token: &str) -> bool {
-    let special = |c: char| "\\.+*?()|[]{}^$".contains(c);
-    if let Some(literal) = pattern.strip_prefix('^') {
-        let literal_part: String = literal.chars().take_while(|c| !special(*c)).collect();
-        if !token.starts_with(&literal_part) {
-            return false;
-        }
-        if let Some(exact) = literal.strip_suffix('$')
-            && !exact.chars().any(special)
-        {
-            return token == exact;
-        }
-        return true;
-    }
-    true
+    false
 }
 
 #[cfg(test)]
@@ -304,18 +278,25 @@ mod tests {
     }
 
     #[test]
-    fn read_only_follows_refs_and_descendants() {
+    fn read_only_comes_from_evaluation() {
         let s = schema();
-        assert!(s.is_read_only_at("/facility"));
-        assert!(s.is_read_only_at("/facility/shelves"));
-        assert!(!s.is_read_only_at("/inventory/shelf_1"));
-        assert!(s.is_read_only_at("/log/3/at"));
-        assert!(!s.is_read_only_at("/log/3/what"));
         let state =
             json!({"facility": {"shelves": 500}, "inventory": {}, "log": [{"at": 1}, {"at": 2}]});
         assert_eq!(
-            s.read_only_locations(&state),
+            s.read_only_annotations(&state),
             vec!["/facility", "/log/0/at", "/log/1/at"]
+        );
+        let mut after = state.clone();
+        after["facility"]["shelves"] = json!(501);
+        after["log"][1]["what"] = json!("x");
+        assert_eq!(
+            s.changed_read_only_locations(&state, &after),
+            vec!["/facility"]
+        );
+        after["log"].as_array_mut().unwrap().push(json!({"at": 3}));
+        assert_eq!(
+            s.changed_read_only_locations(&state, &after),
+            vec!["/facility", "/log/2/at"]
         );
         assert_eq!(s.declared_read_only_properties(), vec!["/facility"]);
     }

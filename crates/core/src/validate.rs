@@ -1,6 +1,13 @@
-//! The validation pipeline of DESIGN.md §3 step 3: parse → patch shape → read-only paths →
-//! apply to a copy → schema → state budget → action. The current state is never modified; the
-//! caller gets either everything needed to commit, or every problem found.
+//! The validation pipeline of DESIGN.md §3 step 3: parse (strict JSON) → patch shape → apply
+//! to a copy → read-only locations → schema → state budget → action. The current state is never
+//! modified; the caller gets either everything needed to commit, or every problem found.
+//!
+//! Read-only-ness is decided after the patch is applied, by the schema's own evaluation of the
+//! state before and after (`StateSchema::changed_read_only_locations`): any location annotated
+//! `readOnly` in either whose value differs is refused, whatever kind of patch changed it. It
+//! comes before the schema check, so a write to a read-only field is reported as `read_only`
+//! even when the new state also breaks the schema (whose failed evaluation drops every
+//! annotation; the old state's still count).
 
 use std::fmt;
 
@@ -20,8 +27,8 @@ use crate::tool::{ASK_USER, FINISH, ToolCatalog};
 pub enum RejectionKind {
     Parse,
     PatchShape,
-    ReadOnly,
     PatchApply,
+    ReadOnly,
     Schema,
     StateBudget,
     UnknownTool,
@@ -33,8 +40,8 @@ impl RejectionKind {
         match self {
             RejectionKind::Parse => "parse",
             RejectionKind::PatchShape => "patch_shape",
-            RejectionKind::ReadOnly => "read_only",
             RejectionKind::PatchApply => "patch_apply",
+            RejectionKind::ReadOnly => "read_only",
             RejectionKind::Schema => "schema",
             RejectionKind::StateBudget => "state_budget",
             RejectionKind::UnknownTool => "unknown_tool",
@@ -240,32 +247,6 @@ fn check_patch(
         }
     };
 
-    let protected = rules.schema.read_only_locations(state);
-    let mut read_only_hits = Vec::new();
-    for touch in patch.touches(state) {
-        let hits_ancestor_or_self = rules.schema.is_read_only_at(&touch.pointer);
-        let hits_descendant = touch.replaces
-            && protected
-                .iter()
-                .any(|p| crate::json::pointer_is_within(p, &touch.pointer));
-        if (hits_ancestor_or_self || hits_descendant) && !read_only_hits.contains(&touch.pointer) {
-            read_only_hits.push(touch.pointer);
-        }
-    }
-    if !read_only_hits.is_empty() {
-        for pointer in read_only_hits {
-            rejections.push(Rejection {
-                kind: RejectionKind::ReadOnly,
-                document: Document::State,
-                message: format!(
-                    "{pointer} is read-only (owned by the runtime or the user); leave it out of state_patch"
-                ),
-                pointer,
-            });
-        }
-        return None;
-    }
-
     let new_state = match patch.apply(state) {
         Ok(next) => next,
         Err(problem) => {
@@ -278,6 +259,21 @@ fn check_patch(
             return None;
         }
     };
+
+    let read_only_hits = rules.schema.changed_read_only_locations(state, &new_state);
+    if !read_only_hits.is_empty() {
+        for pointer in read_only_hits {
+            rejections.push(Rejection {
+                kind: RejectionKind::ReadOnly,
+                document: Document::State,
+                message: format!(
+                    "{pointer} is read-only (owned by the runtime or the user); leave it, and everything inside it, out of state_patch"
+                ),
+                pointer,
+            });
+        }
+        return None;
+    }
 
     let violations = rules.schema.violations(&new_state);
     if !violations.is_empty() {

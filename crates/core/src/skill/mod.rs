@@ -339,14 +339,16 @@ impl<'a> Loader<'a> {
     fn load_schema(&mut self) -> Option<StateSchema> {
         let text = self.read(SCHEMA_FILE, true)?;
         let document = self.parse_json(SCHEMA_FILE, &text)?;
-        match StateSchema::compile(document) {
+        match StateSchema::compile_all(document) {
             Ok(schema) => Some(schema),
-            Err(defect) => {
-                self.error(
-                    SCHEMA_FILE,
-                    Some(Location::Pointer(defect.pointer)),
-                    defect.message,
-                );
+            Err(defects) => {
+                for defect in defects {
+                    self.error(
+                        SCHEMA_FILE,
+                        Some(Location::Pointer(defect.pointer)),
+                        defect.message,
+                    );
+                }
                 None
             }
         }
