@@ -10,7 +10,7 @@ use skillstate_core::{ContextStrategy, Skill, count_tokens};
 use skillstate_envs::oracle::OracleModel;
 use skillstate_providers::{ModelProvider, Usage};
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
-use skillstate_store::{SqliteStore, Store, Synchronous, Verdict};
+use skillstate_store::{SqliteStore, Store, Synchronous, TaskStatus, Verdict};
 
 use crate::BenchError;
 
@@ -29,12 +29,21 @@ pub struct RunSpec {
 pub struct RunResult {
     #[serde(flatten)]
     pub spec: RunSpec,
+    /// The task's final status: `completed`, or `failed` (answers rejected too often, a
+    /// provider error, the step limit).
     pub status: String,
+    /// Why a run that did not complete stopped (the task outcome's message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// The environment's score over all T events: a run that failed keeps the credit for the
+    /// events it handled before it stopped.
     pub score: f64,
+    /// Accepted (committed) steps.
     pub steps: u64,
     /// Prompt tokens of the accepted answer's prompt, per step.
     pub prompt_tokens_per_step: Vec<u64>,
-    pub prompt_mean: f64,
+    /// Mean of `prompt_tokens_per_step`; `None` when the run committed no step.
+    pub prompt_mean: Option<f64>,
     pub prompt_max: u64,
     pub prompt_last: u64,
     /// Over every model call, rejected ones included.
@@ -79,7 +88,11 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
         settings.params.insert("drift".into(), json!(drift));
     }
     let env_settings = settings.clone();
-    definition.settings.run.max_steps = definition.settings.run.max_steps.max(spec.horizon + 10);
+    definition.settings.run.max_steps = definition
+        .settings
+        .run
+        .max_steps
+        .max(spec.horizon.saturating_add(10));
     let skill = Skill::from_definition(definition).map_err(BenchError::Setup)?;
     let mut env = skillstate_envs::build_environment(&env_settings)
         .map_err(|e| BenchError::Setup(e.to_string()))?;
@@ -100,6 +113,7 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
         context: spec.strategy,
         context_budget: ctx.budget,
         environment: None,
+        secrets: Default::default(),
     };
     let task = start_task(store.as_ref(), &skill, env.as_mut(), &options)
         .await
@@ -117,25 +131,25 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
         .collect();
     let total_prompt: u64 = journal.iter().map(|e| e.prompt_tokens).sum();
     let total_completion: u64 = journal.iter().map(|e| count_tokens(&e.output) as u64).sum();
-    let environment = outcome
-        .outcome
-        .as_ref()
-        .map(|o| o["environment"].clone())
-        .unwrap_or(Value::Null);
+    // A completed task carries the environment's outcome; a failed one does not, so the
+    // environment is asked directly: its score counts what the run did before it stopped.
+    let environment = match outcome.outcome.as_ref().map(|o| &o["environment"]) {
+        Some(recorded) if recorded.is_object() => recorded.clone(),
+        _ => env.outcome(),
+    };
     let drift = environment.get("drift");
+    let completed = outcome.status == TaskStatus::Completed;
     Ok(RunResult {
         spec: spec.clone(),
         status: outcome.status.as_str().to_owned(),
+        failure: (!completed).then(|| failure_reason(outcome.outcome.as_ref())),
         score: environment
             .get("score")
             .and_then(Value::as_f64)
             .unwrap_or(0.0),
         steps: outcome.steps,
-        prompt_mean: if per_step.is_empty() {
-            0.0
-        } else {
-            per_step.iter().sum::<u64>() as f64 / per_step.len() as f64
-        },
+        prompt_mean: (!per_step.is_empty())
+            .then(|| per_step.iter().sum::<u64>() as f64 / per_step.len() as f64),
         prompt_max: per_step.iter().copied().max().unwrap_or(0),
         prompt_last: per_step.last().copied().unwrap_or(0),
         prompt_tokens_per_step: per_step,
@@ -159,8 +173,20 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
                 Some(total)
             }),
         recovery_steps: drift.and_then(|d| d["recovery_steps"].as_u64()),
-
         recovered: drift.and_then(|d| d["recovered"].as_bool()),
         wall_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// The message of a task outcome that did not complete (`reason` when it has no message).
+fn failure_reason(outcome: Option<&Value>) -> String {
+    let Some(outcome) = outcome else {
+        return "stopped without an outcome".to_owned();
+    };
+    outcome
+        .get("message")
+        .or_else(|| outcome.get("reason"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| outcome.to_string())
 }

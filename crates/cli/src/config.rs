@@ -2,11 +2,12 @@
 //! options. Secrets never live here.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use skillstate_providers::{Price, ProviderSettings, Usage};
+use skillstate_tools::builtin::{SandboxConfig, SandboxMode};
 use skillstate_tools::mcp::McpServerConfig;
 
 pub const CONFIG_FILE: &str = "skillstate.toml";
@@ -21,6 +22,31 @@ pub struct Config {
     pub tools: ToolsConfig,
     /// `[store]`: `snapshot_every = 100`.
     pub store: skillstate_store::StoreOptions,
+    pub secrets: SecretsConfig,
+}
+
+/// `[secrets]`: environment variables whose values are secret, besides the model's API key.
+/// Their values are replaced with `[redacted]` in everything skillstate stores or prints.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    pub env: Vec<String>,
+}
+
+/// Variables that hold model API keys unless `[model] api_key_env` names another.
+const KEY_VARIABLES: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
+
+impl Config {
+    /// Every secret value this process can know of: the model API keys (the usual variables
+    /// and `[model] api_key_env`) and the variables listed under `[secrets] env`.
+    pub fn secrets(&self) -> skillstate_core::secrets::Redactor {
+        let names = KEY_VARIABLES
+            .iter()
+            .map(|n| (*n).to_owned())
+            .chain(self.model.api_key_env.clone())
+            .chain(self.secrets.env.iter().cloned());
+        skillstate_core::secrets::Redactor::new(names.filter_map(|name| std::env::var(name).ok()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -34,6 +60,25 @@ pub struct McpConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ToolsConfig {
     pub policy: ApprovalPolicy,
+    /// How `shell.exec` is confined: `"bubblewrap"` (default; it refuses to run where bwrap
+    /// cannot make a sandbox) or `"off"` (unconfined, the operator's explicit choice). Only here,
+    /// never in skill.toml: a skill cannot turn its sandbox off.
+    pub sandbox: SandboxMode,
+    /// Extra absolute paths sandboxed commands may read (`["/opt/toolchain"]`).
+    pub sandbox_read_paths: Vec<PathBuf>,
+    /// The bubblewrap binary (default: `bwrap` on PATH, then /usr/bin/bwrap).
+    pub sandbox_bwrap: Option<PathBuf>,
+}
+
+impl ToolsConfig {
+    /// The sandbox settings `shell.exec` is built with.
+    pub fn sandbox_config(&self) -> SandboxConfig {
+        SandboxConfig {
+            mode: self.sandbox,
+            bwrap: self.sandbox_bwrap.clone(),
+            read_paths: self.sandbox_read_paths.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +102,9 @@ impl Default for ApprovalPolicy {
 impl Config {
     /// Parses `skillstate.toml` text; errors name the file and line.
     pub fn from_toml(text: &str, file: &str) -> Result<Self, String> {
+        if let Some(errors) = crate::limits::config_range_errors(text, file) {
+            return Err(errors);
+        }
         toml::from_str::<Config>(text).map_err(|e| {
             let line = e
                 .span()
@@ -83,6 +131,21 @@ pub fn load_config(path: Option<&Path>) -> Result<Config> {
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
     Config::from_toml(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Opens the database named by `--db` for a command that only looks: nothing is created or
+/// migrated (the `[store]` options do not matter for reading).
+pub async fn open_existing(db: &str) -> Result<std::sync::Arc<dyn skillstate_store::Store>> {
+    Ok(skillstate_store::open_existing(db, &skillstate_store::StoreOptions::default()).await?)
+}
+
+/// How a command's runner leases the tasks it drives: `[store] lease_secs`, and the command's
+/// name so that a second process is told who holds the task.
+pub fn lease_policy(config: &Config, command: &str) -> skillstate_runtime::LeasePolicy {
+    skillstate_runtime::LeasePolicy {
+        ttl: std::time::Duration::from_secs(config.store.lease_secs.max(1)),
+        label: command.to_owned(),
+    }
 }
 
 /// Opens the database named by `--db` with the `[store]` options of the configuration.

@@ -9,6 +9,7 @@ pub mod prompt;
 pub mod schema;
 mod schema_graph;
 pub mod schema_guard;
+pub mod secrets;
 pub mod skill;
 pub mod strict_json;
 pub mod tokens;

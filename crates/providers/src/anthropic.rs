@@ -80,6 +80,10 @@ impl ModelProvider for AnthropicProvider {
         format!("anthropic:{}", self.client.model)
     }
 
+    fn secret_values(&self) -> Vec<String> {
+        self.client.api_key.iter().cloned().collect()
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
         let started = Instant::now();
         let url = format!("{}/v1/messages", self.client.base_url);

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use serde_json::Value;
+use skillstate_core::secrets::Redactor;
 use tokio::sync::Mutex;
 
 use crate::settings::ProviderSettings;
@@ -34,8 +35,8 @@ pub struct Transport {
     client: reqwest::Client,
     max_retries: u32,
     limiter: RateLimiter,
-    /// Text to scrub from anything that may end up in an error message.
-    secret: Option<String>,
+    /// Secrets to scrub from anything that may end up in an error message.
+    secrets: Redactor,
 }
 
 fn install_crypto_provider() {
@@ -58,15 +59,14 @@ impl Transport {
             client,
             max_retries: settings.max_retries,
             limiter: RateLimiter::new(settings.requests_per_minute, settings.tokens_per_minute),
-            secret,
+            secrets: Redactor::new(secret),
         })
     }
 
+    /// `text` without the secret. Applied to whole texts before anything cuts them, so a
+    /// secret split by a cut cannot survive in pieces.
     pub fn redact(&self, text: &str) -> String {
-        match &self.secret {
-            Some(secret) if !secret.is_empty() => text.replace(secret.as_str(), "[redacted]"),
-            _ => text.to_owned(),
-        }
+        self.secrets.redact(text).into_owned()
     }
 
     /// POSTs `body` as JSON and returns the parsed JSON answer.
@@ -93,10 +93,13 @@ impl Transport {
                     if (200..300).contains(&status) {
                         match serde_json::from_str::<Value>(&text) {
                             Ok(json) => return Ok(json),
-                            Err(e) => (format!("the server sent malformed JSON ({e})"), None),
+                            Err(e) => (
+                                self.redact(&format!("the server sent malformed JSON ({e})")),
+                                None,
+                            ),
                         }
                     } else {
-                        let message = self.redact(&error_message(&text));
+                        let message = error_message(&self.redact(&text));
                         let retryable = status == 429
                             || (status >= 500 && server_errors == ServerErrors::Retry);
                         if !retryable {

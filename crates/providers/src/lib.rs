@@ -132,6 +132,11 @@ pub trait ModelProvider: Send + Sync {
     fn skip_calls(&self, calls: usize) {
         let _ = calls;
     }
+    /// The secret values this provider holds (its API key), so that the runtime can keep them
+    /// out of everything it stores and prints.
+    fn secret_values(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Builds a provider from a `--model` spec and the model settings.

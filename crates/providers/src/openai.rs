@@ -89,6 +89,10 @@ impl ModelProvider for OpenAiProvider {
         format!("openai:{}", self.client.model)
     }
 
+    fn secret_values(&self) -> Vec<String> {
+        self.client.api_key.iter().cloned().collect()
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
         let started = Instant::now();
         let url = format!("{}/chat/completions", self.client.base_url);

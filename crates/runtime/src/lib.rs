@@ -1,14 +1,20 @@
-//! The step loop (DESIGN.md §3): observation → prompt → model → validate → commit → tool →
-//! next observation, until `finish`, the step limit, the end of the environment's episode, or
-//! a failure.
+//! The step loop: observation → prompt → model → validate → commit → tool → next observation,
+//! until `finish`, the step limit, the end of the environment's episode, or a failure (see
+//! "How a step works" in the README).
 
+mod error;
+mod frame;
+mod lease;
 mod lineage;
+mod pauses;
+mod recovery;
 mod select;
 mod step_loop;
 
+pub use error::RuntimeError;
+pub use frame::rebuild_prompt;
+pub use lease::LeasePolicy;
 pub use lineage::{JournalCheck, fork_task, verify_journal};
+pub use recovery::is_retryable;
 pub use select::{SelectError, select_tools};
-pub use step_loop::{
-    NoProgress, RunObserver, RunOutcome, Runner, RuntimeError, TaskOptions, rebuild_prompt,
-    start_task,
-};
+pub use step_loop::{NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, start_task};

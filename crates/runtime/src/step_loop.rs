@@ -1,46 +1,29 @@
 //! The runner: drives one task through its steps, committing each accepted step atomically.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
 use skillstate_core::prompt::Turn;
-use skillstate_core::skill::UnknownOutcome;
-use skillstate_core::tool::CatalogError;
+use skillstate_core::secrets::Redactor;
 use skillstate_core::validate::Document;
 use skillstate_core::{
-    AcceptedStep, Action, ContextStrategy, Prompt, PromptInput, RejectedStep, Rejection,
-    RejectionKind, Skill, StepRules, ToolCatalog, ToolSpec, count_tokens, render,
-    step_output_schema, validate_step,
+    AcceptedStep, Action, ContextStrategy, RejectedStep, Rejection, RejectionKind, Skill,
+    StepRules, ToolCatalog, ToolSpec, count_tokens, validate_step,
 };
 use skillstate_providers::{ModelProvider, ModelRequest};
 use skillstate_store::{
-    ActionResult, JournalEntry, NewIntent, NewTask, StepCommit, Store, StoreError, TaskRecord,
-    TaskStatus, Verdict, state_at,
+    ActionResult, JournalEntry, NewIntent, NewTask, StepCommit, Store, TaskRecord, TaskStatus,
+    Verdict,
 };
-use skillstate_tools::{
-    CallContext, Environment, EnvironmentError, Tool, ToolOutput, failpoint, find_tool,
-};
+use skillstate_tools::{CallContext, Environment, Tool, ToolOutput, failpoint, find_tool};
 
-use crate::select::{SelectError, select_tools};
-
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Environment(#[from] EnvironmentError),
-    #[error(transparent)]
-    Tools(#[from] SelectError),
-    #[error("the skill's tools cannot be offered: {0}")]
-    Catalog(#[from] CatalogError),
-    #[error("task {task}: {message}")]
-    StoredTask { task: String, message: String },
-    #[error("task {task} needs tool `{tool}`, which this environment does not provide")]
-    MissingTool { task: String, tool: String },
-}
+use crate::RuntimeError;
+use crate::frame::{TaskFrame, load_turns, rejections_of};
+use crate::lease::{HeldLease, LeasePolicy};
+use crate::recovery::{budget_start, check_continuity};
+use crate::select::select_tools;
 
 /// Hooks for progress reporting; every method has a no-op default.
 pub trait RunObserver: Send {
@@ -81,6 +64,8 @@ pub struct TaskOptions {
     /// What to record as the task's environment, when it is not the skill's own
     /// `[environment]` (for example the work directory and MCP servers of a tool box).
     pub environment: Option<Value>,
+    /// Secret values kept out of the stored opening observation.
+    pub secrets: Redactor,
 }
 
 impl TaskOptions {
@@ -90,6 +75,7 @@ impl TaskOptions {
             context,
             context_budget: None,
             environment: None,
+            secrets: Redactor::default(),
         }
     }
 }
@@ -105,7 +91,10 @@ pub async fn start_task(
     let tools = select_tools(&env.tools(), &skill.settings().tools)?;
     let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     ToolCatalog::new(specs.clone())?;
-    let opening_observation = env.opening_observation();
+    let opening_observation = options
+        .secrets
+        .redact(&env.opening_observation())
+        .into_owned();
     let task = NewTask {
         skill: skill.definition.clone(),
         tools: specs,
@@ -127,150 +116,28 @@ pub async fn start_task(
         .await?)
 }
 
-/// What every prompt of a task is rendered from, besides the per-step inputs.
-struct TaskFrame {
-    skill: Skill,
-    catalog: ToolCatalog,
-    read_only: Vec<String>,
-    context: ContextStrategy,
-    context_budget: Option<usize>,
-    /// The schema of a whole step answer, for providers that constrain decoding.
-    output_schema: Arc<Value>,
-}
-
-impl TaskFrame {
-    fn new(task: &TaskRecord) -> Result<Self, RuntimeError> {
-        let skill = Skill::from_definition(task.skill.clone()).map_err(|message| {
-            RuntimeError::StoredTask {
-                task: task.id.clone(),
-                message,
-            }
-        })?;
-        let catalog = ToolCatalog::new(task.tools.clone())?;
-        let read_only = skill.schema.declared_read_only_properties();
-        let output_schema = Arc::new(step_output_schema(&skill.schema, catalog.specs()));
-        Ok(Self {
-            skill,
-            catalog,
-            read_only,
-            context: task.context,
-            context_budget: task.context_budget,
-            output_schema,
-        })
-    }
-
-    fn prompt(
-        &self,
-        state: &Value,
-        observation: &str,
-        retry: &[Rejection],
-        turns: &[Turn],
-    ) -> Prompt {
-        render(
-            self.context,
-            &PromptInput {
-                skill: &self.skill.definition,
-                tools: self.catalog.specs(),
-                read_only: &self.read_only,
-                state,
-                observation,
-                observation_budget: self.skill.settings().budgets.observation_tokens,
-                retry,
-                turns,
-                context_budget: self.context_budget,
-            },
-        )
-    }
-}
-
-/// Rebuilds the exact prompt of `step`/`attempt` from the journal, with the hash recorded when
-/// the model received it.
-pub async fn rebuild_prompt(
-    store: &dyn Store,
-    task: &TaskRecord,
-    step: u64,
-    attempt: u32,
-) -> Result<(Prompt, String), RuntimeError> {
-    let frame = TaskFrame::new(task)?;
-    let journal = store.journal(&task.id).await?;
-    let entry = journal
-        .iter()
-        .find(|e| e.step == step && e.attempt == attempt)
-        .ok_or_else(|| RuntimeError::StoredTask {
-            task: task.id.clone(),
-            message: format!("the journal has no attempt {attempt} at step {step}"),
-        })?;
-    let state = state_at(store, &task.id, step - 1, task.version).await?;
-    let observation =
-        store
-            .observation(&task.id, step)
-            .await?
-            .ok_or_else(|| RuntimeError::StoredTask {
-                task: task.id.clone(),
-                message: format!("no observation recorded for step {step}"),
-            })?;
-    let retry = match journal
-        .iter()
-        .find(|e| e.step == step && e.attempt + 1 == attempt)
-    {
-        Some(previous) => rejections_of(previous),
-        None => Vec::new(),
-    };
-    let turns = if task.context.uses_turns() {
-        load_turns(store, &task.id, step - 1).await?
-    } else {
-        Vec::new()
-    };
-    Ok((
-        frame.prompt(&state, &observation, &retry, &turns),
-        entry.prompt_hash.clone(),
-    ))
-}
-
-/// The accepted steps up to `up_to` as transcript turns, from the journal, observations and
-/// action results.
-async fn load_turns(store: &dyn Store, task: &str, up_to: u64) -> Result<Vec<Turn>, RuntimeError> {
-    let observations: BTreeMap<u64, String> = store.observations(task).await?.into_iter().collect();
-    let results: BTreeMap<u64, Option<String>> = store
-        .intents(task)
-        .await?
-        .into_iter()
-        .map(|i| (i.step, i.result))
-        .collect();
-    Ok(store
-        .journal(task)
-        .await?
-        .into_iter()
-        .filter(|e| e.verdict == Verdict::Accepted && e.step <= up_to)
-        .map(|e| Turn {
-            step: e.step,
-            observation: observations.get(&e.step).cloned().unwrap_or_default(),
-            action: e
-                .action
-                .as_ref()
-                .and_then(Action::from_call_json)
-                .map(|a| a.summary())
-                .unwrap_or_default(),
-            answer: e.output,
-            result: results.get(&e.step).cloned().flatten(),
-        })
-        .collect())
-}
-
-fn rejections_of(entry: &JournalEntry) -> Vec<Rejection> {
-    entry
-        .errors
-        .as_ref()
-        .and_then(|e| serde_json::from_value(e.clone()).ok())
-        .unwrap_or_default()
-}
-
-/// Drives tasks with one model and one environment.
+/// Drives tasks with one model and one environment. Every entry point (`run`, `retry`,
+/// `approve`, `reject`, `reply`) holds the task's execution lease while it works, so only one
+/// runner drives a task at a time.
 pub struct Runner<'a> {
-    store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn Store>,
     model: Arc<dyn ModelProvider>,
-    env: &'a mut dyn Environment,
+    pub(crate) env: &'a mut dyn Environment,
     observer: &'a mut dyn RunObserver,
+    lease_policy: LeasePolicy,
+    lease: Option<HeldLease>,
+    /// Secret values (the model's key, the operator's secrets) replaced in every answer,
+    /// result and outcome before it is validated, stored or shown.
+    secrets: Redactor,
+}
+
+/// What a runner was asked to do with a stored task.
+enum Entry<'s> {
+    Run,
+    Retry,
+    Approve,
+    Reject(&'s str),
+    Reply(&'s str),
 }
 
 enum StepEnd {
@@ -288,15 +155,89 @@ impl<'a> Runner<'a> {
     ) -> Self {
         Self {
             store,
-            model,
             env,
             observer,
+            lease_policy: LeasePolicy::default(),
+            lease: None,
+            secrets: Redactor::new(model.secret_values()),
+            model,
         }
+    }
+
+    /// Also keeps these secret values out of everything the runner stores.
+    pub fn with_secrets(mut self, secrets: &Redactor) -> Self {
+        self.secrets.extend(secrets);
+        self
+    }
+
+    /// How this runner leases tasks (time to live, and who it says it is).
+    pub fn with_lease_policy(mut self, policy: LeasePolicy) -> Self {
+        self.lease_policy = policy;
+        self
     }
 
     /// Runs `task_id` from wherever it stands until it completes, fails or pauses.
     pub async fn run(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
+        self.enter(task_id, Entry::Run).await
+    }
+
+    /// Continues a task that failed for a reason a retry can fix (the model server was down,
+    /// every answer of a step was rejected), with a fresh retry budget for the failed step.
+    pub async fn retry(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
+        self.enter(task_id, Entry::Retry).await
+    }
+
+    /// Runs the action waiting for approval, exactly once, and continues the task.
+    pub async fn approve(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
+        self.enter(task_id, Entry::Approve).await
+    }
+
+    /// Refuses the action waiting for approval; the refusal and its reason become the next
+    /// observation, and the task continues.
+    pub async fn reject(
+        &mut self,
+        task_id: &str,
+        reason: &str,
+    ) -> Result<RunOutcome, RuntimeError> {
+        self.enter(task_id, Entry::Reject(reason)).await
+    }
+
+    /// Answers a paused task — an `ask_user` question or an action whose outcome is unknown —
+    /// and runs it on: the answer becomes the paused action's result and opens the next step.
+    pub async fn reply(&mut self, task_id: &str, answer: &str) -> Result<RunOutcome, RuntimeError> {
+        self.enter(task_id, Entry::Reply(answer)).await
+    }
+
+    /// Takes the task's lease, does what was asked, gives the lease back.
+    async fn enter(&mut self, task_id: &str, entry: Entry<'_>) -> Result<RunOutcome, RuntimeError> {
+        let id = self.store.task(task_id).await?.id;
+        let lease = HeldLease::acquire(self.store.clone(), &id, &self.lease_policy).await?;
+        self.lease = Some(lease);
+        let result = match entry {
+            Entry::Run => self.run_held(&id).await,
+            Entry::Retry => self.retry_held(&id).await,
+            Entry::Approve => self.approve_held(&id).await,
+            Entry::Reject(reason) => self.reject_held(&id, reason).await,
+            Entry::Reply(answer) => self.reply_held(&id, answer).await,
+        };
+        if let Some(lease) = self.lease.take() {
+            lease.release().await;
+        }
+        result
+    }
+
+    /// `Err` when this runner no longer holds its task's lease.
+    pub(crate) fn check_lease(&self) -> Result<(), RuntimeError> {
+        match &self.lease {
+            Some(lease) => lease.check(),
+            None => Ok(()),
+        }
+    }
+
+    /// `run` with the lease already held.
+    pub(crate) async fn run_held(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
         let task = self.store.task(task_id).await?;
+        check_continuity(self.store.as_ref(), &task).await?;
         let frame = TaskFrame::new(&task)?;
         if let Some(checkpoint) = &task.env_checkpoint {
             self.env.restore(checkpoint)?;
@@ -363,8 +304,16 @@ impl<'a> Runner<'a> {
                 });
                 return self.finish(&task.id, TaskStatus::Failed, outcome).await;
             }
+            let first_counted = budget_start(task.outcome.as_ref(), version + 1);
             if let StepEnd::Stop = self
-                .step(&task.id, frame, &mut state, &mut version, env_tools, turns)
+                .step(
+                    &task.id,
+                    frame,
+                    (&mut state, &mut version),
+                    first_counted,
+                    env_tools,
+                    turns,
+                )
                 .await?
             {
                 return Ok(());
@@ -376,19 +325,22 @@ impl<'a> Runner<'a> {
         &self,
         task: &str,
         status: TaskStatus,
-        outcome: Value,
+        mut outcome: Value,
     ) -> Result<(), RuntimeError> {
+        self.secrets.redact_json(&mut outcome);
         self.store.set_status(task, status, Some(&outcome)).await?;
         Ok(())
     }
 
     /// One step: ask the model until an answer is accepted or retries run out, commit it, act.
+    /// Answers from attempt `first_counted` on count against the retry budget (1 unless a
+    /// `retry` restarted it).
     async fn step(
         &mut self,
         task: &str,
         frame: &TaskFrame,
-        state: &mut Value,
-        version: &mut u64,
+        (state, version): (&mut Value, &mut u64),
+        first_counted: u32,
         env_tools: &[Arc<dyn Tool>],
         turns: &mut Vec<Turn>,
     ) -> Result<StepEnd, RuntimeError> {
@@ -413,10 +365,14 @@ impl<'a> Runner<'a> {
             .last()
             .map(|e| rejections_of(e))
             .unwrap_or_default();
-        let first_attempt = done_attempts.len() as u32 + 1;
-        let max_attempts = settings.run.max_retries + 1;
+        let first_attempt = u32::try_from(done_attempts.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        let max_attempts = settings.run.max_retries.saturating_add(1);
+        let last_attempt = first_counted.saturating_sub(1).saturating_add(max_attempts);
 
-        for attempt in first_attempt..=max_attempts {
+        for attempt in first_attempt..=last_attempt {
+            self.check_lease()?;
             let prompt = frame.prompt(state, &observation, &retry, turns);
             let text = prompt.text();
             let prompt_tokens = count_tokens(&text);
@@ -444,7 +400,9 @@ impl<'a> Runner<'a> {
             };
             let latency_ms = started.elapsed().as_millis() as u64;
             failpoint("after_model");
-            let mut verdict = validate_step(&rules, state, &response.text);
+            // The answer is untrusted text: secrets it echoes are gone before anything reads it.
+            let answer_text = self.secrets.redact(&response.text).into_owned();
+            let mut verdict = validate_step(&rules, state, &answer_text);
             if let (true, Err(rejected)) = (response.truncated, &mut verdict) {
                 rejected.rejections.insert(0, truncation_rejection());
             }
@@ -455,7 +413,7 @@ impl<'a> Runner<'a> {
                 step,
                 attempt,
                 verdict: Verdict::Rejected,
-                output: response.text,
+                output: answer_text,
                 patch: None,
                 action: None,
                 errors: None,
@@ -588,6 +546,7 @@ impl<'a> Runner<'a> {
             intent,
             status: status.clone(),
         };
+        self.check_lease()?;
         self.store.commit_step(task, *version, &commit).await?;
         failpoint("after_commit");
         *state = accepted.new_state;
@@ -597,6 +556,7 @@ impl<'a> Runner<'a> {
         }
         let mut result = None;
         if let Action::Tool { name, args } = &accepted.action {
+            self.check_lease()?;
             let output = self.execute(task, step, name, args, env_tools).await;
             failpoint("after_tool");
             result = Some(output.text.clone());
@@ -605,7 +565,7 @@ impl<'a> Runner<'a> {
         Ok((StepEnd::Continue, result))
     }
 
-    async fn execute(
+    pub(crate) async fn execute(
         &mut self,
         task: &str,
         step: u64,
@@ -622,15 +582,19 @@ impl<'a> Runner<'a> {
         }
     }
 
-    async fn record_result(
+    pub(crate) async fn record_result(
         &mut self,
         task: &str,
         step: u64,
         output: ToolOutput,
     ) -> Result<(), RuntimeError> {
+        let output = ToolOutput {
+            text: self.secrets.redact(&output.text).into_owned(),
+            ok: output.ok,
+        };
         self.observer.action_done(step, &output);
         let next_observation = match self.env.after_action() {
-            Some(event) => format!("{}\n{event}", output.text),
+            Some(event) => format!("{}\n{}", output.text, self.secrets.redact(&event)),
             None => output.text.clone(),
         };
         self.store
@@ -646,142 +610,6 @@ impl<'a> Runner<'a> {
             )
             .await?;
         Ok(())
-    }
-
-    /// After a crash between committing a step and recording its action's result, the intent
-    /// is pending. Read-only and idempotent tools run again (same idempotency key); anything
-    /// else is never repeated blindly: the model is told the outcome is unknown.
-    /// Returns `true` when the task paused for a human instead.
-    async fn settle_pending_intent(
-        &mut self,
-        task: &str,
-        version: u64,
-        env_tools: &[Arc<dyn Tool>],
-        unknown: UnknownOutcome,
-    ) -> Result<bool, RuntimeError> {
-        if version == 0 || self.store.observation(task, version + 1).await?.is_some() {
-            return Ok(false);
-        }
-        let intents = self.store.intents(task).await?;
-        let Some(intent) = intents.iter().find(|i| i.step == version && !i.done) else {
-            return Ok(false);
-        };
-        let output = if intent.side_effect == "read_only" || intent.side_effect == "idempotent" {
-            self.execute(task, version, &intent.tool, &intent.args, env_tools)
-                .await
-        } else if unknown == UnknownOutcome::Ask {
-            let question = format!(
-                "The runtime stopped while `{}` with args {} (step {}) was running, so it may or may not have taken effect. What happened?",
-                intent.tool, intent.args, intent.step
-            );
-            let outcome =
-                json!({"reason": "unknown_outcome", "question": question, "step": intent.step});
-            self.store
-                .set_status(task, TaskStatus::AwaitingInput, Some(&outcome))
-                .await?;
-            return Ok(true);
-        } else {
-            ToolOutput::failure(format!(
-                "Outcome unknown: the runtime stopped while `{}` with args {} (step {}) was running, so it may or may not have taken effect. Check before repeating it.",
-                intent.tool, intent.args, intent.step
-            ))
-        };
-        self.record_result(task, version, output).await?;
-        Ok(false)
-    }
-
-    /// Runs the action waiting for approval, exactly once, and continues the task.
-    pub async fn approve(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
-        let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingApproval).await?;
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
-        // Running first: if this process dies inside the tool, a restart treats the action as
-        // any interrupted one (never re-run blindly) instead of asking for approval again.
-        self.store
-            .set_status(&task.id, TaskStatus::Running, None)
-            .await?;
-        let env_tools = self.env.tools();
-        let output = self
-            .execute(
-                &task.id,
-                intent.step,
-                &intent.tool,
-                &intent.args,
-                &env_tools,
-            )
-            .await;
-        failpoint("after_tool");
-        self.record_result(&task.id, intent.step, output).await?;
-        self.run(&task.id).await
-    }
-
-    /// Refuses the action waiting for approval; the refusal and its reason become the next
-    /// observation, and the task continues.
-    pub async fn reject(
-        &mut self,
-        task_id: &str,
-        reason: &str,
-    ) -> Result<RunOutcome, RuntimeError> {
-        let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingApproval).await?;
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
-        let text = format!(
-            "A human rejected `{}` with args {}: {reason}",
-            intent.tool, intent.args
-        );
-        self.record_result(&task.id, intent.step, ToolOutput::failure(text))
-            .await?;
-        self.store
-            .set_status(&task.id, TaskStatus::Running, None)
-            .await?;
-        self.run(&task.id).await
-    }
-
-    /// The task and its pending intent, if the task is in `status`.
-    async fn waiting(
-        &self,
-        task_id: &str,
-        status: TaskStatus,
-    ) -> Result<(TaskRecord, skillstate_store::IntentRecord), RuntimeError> {
-        let task = self.store.task(task_id).await?;
-        let pending = self
-            .store
-            .intents(&task.id)
-            .await?
-            .into_iter()
-            .find(|i| i.step == task.version && !i.done);
-        match pending {
-            Some(intent) if task.status == status => Ok((task, intent)),
-            _ => Err(RuntimeError::StoredTask {
-                task: task.id.clone(),
-                message: format!("it is {}, not {}", task.status.as_str(), status.as_str()),
-            }),
-        }
-    }
-
-    /// Answers a paused task — an `ask_user` question or an action whose outcome is unknown —
-    /// and runs it on: the answer becomes the paused action's result and opens the next step.
-    pub async fn reply(&mut self, task_id: &str, answer: &str) -> Result<RunOutcome, RuntimeError> {
-        let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingInput).await?;
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
-        let text = if intent.tool == skillstate_core::tool::ASK_USER {
-            format!("The user answered: {answer}")
-        } else {
-            format!(
-                "A human reported on `{}` (step {}): {answer}",
-                intent.tool, intent.step
-            )
-        };
-        self.record_result(&task.id, intent.step, ToolOutput::success(text))
-            .await?;
-        self.store
-            .set_status(&task.id, TaskStatus::Running, None)
-            .await?;
-        self.run(&task.id).await
     }
 }
 

@@ -13,6 +13,7 @@ mod model;
 mod postgres;
 mod rows;
 mod sqlite;
+pub mod time;
 
 use std::sync::Arc;
 
@@ -66,6 +67,22 @@ pub enum StoreError {
     },
     #[error("stored {what} is unreadable: {message}")]
     Decode { what: String, message: String },
+    #[error(
+        "task {task} is being run by {} since {} ({}); only one process may drive a task at a time. Wait for it to finish or stop it; if it died, another process can take the task over when its lease expires at {} (the lease is renewed while it runs)",
+        .lease.holder,
+        time::utc(.lease.acquired_at),
+        time::ago(.lease.acquired_at),
+        time::utc(.lease.expires_at)
+    )]
+    Leased { task: String, lease: Box<LeaseInfo> },
+    #[error(
+        "task {task}: this process lost its execution lease (it was not renewed in time and another runner may have taken the task over); stopped without writing more"
+    )]
+    LeaseLost { task: String },
+    #[error(
+        "{location} holds no skillstate database yet (read-only commands do not create one); run a task with this --db first, or check the location"
+    )]
+    NoSchema { location: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -130,6 +147,27 @@ pub trait Store: Send + Sync {
     async fn delete_task(&self, task: &str) -> Result<()>;
     /// Bytes the task occupies, by kind.
     async fn storage_stats(&self, task: &str) -> Result<StorageStats>;
+    /// The span of accepted steps in the journal, for checking its continuity cheaply.
+    async fn journal_extent(&self, task: &str) -> Result<JournalExtent>;
+
+    /// Takes the execution lease of `task` for `ttl_ms`: granted when nobody holds it, it has
+    /// expired, `claim.token` holds it already (a renewal), or `replacing` names the token
+    /// that holds it now (taking over from a holder known to be dead). Otherwise
+    /// `StoreError::Leased` says who holds it. One atomic statement.
+    async fn acquire_lease(
+        &self,
+        task: &str,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        replacing: Option<&str>,
+    ) -> Result<LeaseInfo>;
+    /// Extends the lease held by `token`; `StoreError::LeaseLost` when `token` no longer holds
+    /// it.
+    async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()>;
+    /// Gives the lease up, if `token` still holds it.
+    async fn release_lease(&self, task: &str, token: &str) -> Result<()>;
+    /// The current lease of `task`, expired or not.
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>>;
 }
 
 /// What a task occupies in the store, in bytes of stored text.
@@ -166,28 +204,59 @@ pub struct StoreOptions {
     /// A full state snapshot every this many steps: rebuilding a step applies at most this
     /// many patches.
     pub snapshot_every: u64,
+    /// How long a runner's execution lease lasts without renewal, in seconds. The runner
+    /// renews it every third of this; a runner that dies without releasing it blocks its task
+    /// for at most this long (at once on the same machine, where a dead holder is detected).
+    pub lease_secs: u64,
 }
+
+/// Default execution lease: renewed every 10 s while a task runs.
+pub const DEFAULT_LEASE_SECS: u64 = 30;
 
 impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            lease_secs: DEFAULT_LEASE_SECS,
         }
     }
 }
 
+/// Whether opening may create and migrate the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Create the database (SQLite file, tables) when missing and apply pending migrations.
+    ReadWrite,
+    /// Never create or change anything: the database must exist and hold a skillstate schema
+    /// this version can read. For commands that only look (`tasks`, `show`, `pending`).
+    Existing,
+}
+
 /// `open` with options.
 pub async fn open_with(location: &str, options: &StoreOptions) -> Result<Arc<dyn Store>> {
+    open_in_mode(location, options, OpenMode::ReadWrite).await
+}
+
+/// Opens an existing database without creating or migrating anything.
+pub async fn open_existing(location: &str, options: &StoreOptions) -> Result<Arc<dyn Store>> {
+    open_in_mode(location, options, OpenMode::Existing).await
+}
+
+async fn open_in_mode(
+    location: &str,
+    options: &StoreOptions,
+    mode: OpenMode,
+) -> Result<Arc<dyn Store>> {
     let every = options.snapshot_every.max(1);
     if location.starts_with("postgres://") || location.starts_with("postgresql://") {
         return Ok(Arc::new(
-            PostgresStore::open(location)
+            PostgresStore::open_mode(location, mode)
                 .await?
                 .with_snapshot_every(every),
         ));
     }
     Ok(Arc::new(
-        SqliteStore::open(location, Synchronous::Full)
+        SqliteStore::open_mode(location, Synchronous::Full, mode)
             .await?
             .with_snapshot_every(every),
     ))

@@ -11,17 +11,31 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../migrations/sqlite/0001_init.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../migrations/sqlite/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "leases",
+        sql: include_str!("../migrations/sqlite/0002_leases.sql"),
+    },
+];
 
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../migrations/postgres/0001_init.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../migrations/postgres/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "leases",
+        sql: include_str!("../migrations/postgres/0002_leases.sql"),
+    },
+];
 
 /// Key of the transaction-scoped advisory lock that serialises migrations across processes.
 /// Advisory locks are per database, not per schema, so stores in different schemas of one
@@ -120,4 +134,57 @@ pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
         tx.commit().await?;
     }
     Ok(())
+}
+
+/// For read-only opens: the database holds a skillstate schema this version can read, and
+/// nothing is created or changed.
+pub async fn check_sqlite(pool: &SqlitePool, location: &str) -> Result<(), StoreError> {
+    let has_table: Option<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
+    )
+    .fetch_optional(pool)
+    .await?;
+    if has_table.is_none() {
+        return Err(StoreError::NoSchema {
+            location: location.to_owned(),
+        });
+    }
+    let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM schema_migrations")
+        .fetch_one(pool)
+        .await?;
+    check_version(current, SQLITE, location)
+}
+
+/// The PostgreSQL twin of [`check_sqlite`]; looks in the connection's `search_path`.
+pub async fn check_postgres(pool: &PgPool, location: &str) -> Result<(), StoreError> {
+    let has_table: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('schema_migrations')::text")
+            .fetch_one(pool)
+            .await?;
+    if has_table.is_none() {
+        return Err(StoreError::NoSchema {
+            location: location.to_owned(),
+        });
+    }
+    let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM schema_migrations")
+        .fetch_one(pool)
+        .await?;
+    check_version(current, POSTGRES, location)
+}
+
+/// Read-only commands read any schema version from 1 up to the newest this build knows; the
+/// columns older versions lack are only used by commands that write (and migrate first).
+fn check_version(
+    current: Option<i64>,
+    migrations: &[Migration],
+    location: &str,
+) -> Result<(), StoreError> {
+    let supported = migrations.last().map(|m| m.version).unwrap_or(0);
+    match current {
+        None | Some(..=0) => Err(StoreError::NoSchema {
+            location: location.to_owned(),
+        }),
+        Some(found) if found > supported => Err(StoreError::SchemaTooNew { found, supported }),
+        Some(_) => Ok(()),
+    }
 }

@@ -77,12 +77,14 @@ pub struct TaskRecord {
     pub updated_at: i64,
 }
 
-/// One line of `skillstate tasks`.
+/// One line of `skillstate tasks`. A row that cannot be read whole still lists: `status` is
+/// `None` and `problem` says what is unreadable, so one bad row never hides the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskSummary {
     pub id: String,
     pub skill_name: String,
-    pub status: TaskStatus,
+    pub status: Option<TaskStatus>,
+    pub problem: Option<String>,
     pub version: u64,
     pub model: String,
     pub created_at: i64,
@@ -154,4 +156,42 @@ pub struct ActionResult {
     /// The observation the next step starts from.
     pub next_observation: String,
     pub env_checkpoint: Option<Value>,
+}
+
+/// A runner asking for a task's execution lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseClaim {
+    /// Unique per runner; whoever holds this token holds the lease.
+    pub token: String,
+    /// Who is asking, for people: the command, its pid and host.
+    pub holder: String,
+    /// A machine-checkable identity of the process, so that a process of the same machine can
+    /// tell that the holder no longer exists.
+    pub process: String,
+}
+
+/// Who holds a task's execution lease, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub token: String,
+    pub holder: String,
+    pub process: String,
+    /// Unix milliseconds.
+    pub acquired_at: i64,
+    /// Unix milliseconds; after this instant any runner may take the task over.
+    pub expires_at: i64,
+}
+
+/// Where a task's accepted steps start and end in the journal, and how many there are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalExtent {
+    /// Accepted journal rows.
+    pub accepted: u64,
+    /// Lowest and highest accepted step, when there is any.
+    pub first: Option<u64>,
+    pub last: Option<u64>,
+    /// The state hash recorded by the highest accepted step.
+    pub last_hash: Option<String>,
+    /// The oldest snapshot's step (0 unless gc compacted the journal).
+    pub base: Option<u64>,
 }

@@ -17,10 +17,15 @@ use skillstate_core::json::state_hash;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
 
-use crate::migrate::migrate_postgres;
+use crate::migrate::{check_postgres, migrate_postgres};
 use crate::model::*;
-use crate::rows::{decode, entry_from_row, parse_status, task_from_row, to_json, verdict_str};
-use crate::{DEFAULT_SNAPSHOT_EVERY, Result, StorageStats, Store, StoreError, now_millis};
+use crate::rows::{
+    decode, entry_from_row, extent_from_row, lease_from_row, summary_from_row, task_from_row,
+    to_json, verdict_str,
+};
+use crate::{
+    DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StorageStats, Store, StoreError, now_millis,
+};
 
 /// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server.
 const MAX_CONNECTIONS: u32 = 8;
@@ -40,8 +45,14 @@ impl PostgresStore {
     /// Opens `url` (`postgres://user@host:port/db`, with libpq-style query parameters such as
     /// `options=-c search_path=name`) and applies pending migrations.
     pub async fn open(url: &str) -> Result<Self> {
+        Self::open_mode(url, OpenMode::ReadWrite).await
+    }
+
+    /// Opens `url`; with `OpenMode::Existing` nothing is created or migrated, and a database
+    /// without skillstate tables is reported as such.
+    pub async fn open_mode(url: &str, mode: OpenMode) -> Result<Self> {
         let options = connect_options(url)?;
-        Self::connect(url, options, None).await
+        Self::connect(url, options, None, mode).await
     }
 
     /// Like [`open`](Self::open), but keeps every table in `schema`, which is created when
@@ -57,10 +68,15 @@ impl PostgresStore {
             });
         }
         let options = connect_options(url)?.options([("search_path", format!("\"{schema}\""))]);
-        Self::connect(url, options, Some(schema)).await
+        Self::connect(url, options, Some(schema), OpenMode::ReadWrite).await
     }
 
-    async fn connect(url: &str, options: PgConnectOptions, schema: Option<&str>) -> Result<Self> {
+    async fn connect(
+        url: &str,
+        options: PgConnectOptions,
+        schema: Option<&str>,
+        mode: OpenMode,
+    ) -> Result<Self> {
         let open_error = |e: sqlx::Error| StoreError::Open {
             location: redact(url),
             message: e.to_string(),
@@ -93,7 +109,10 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        migrate_postgres(&pool).await?;
+        match mode {
+            OpenMode::ReadWrite => migrate_postgres(&pool).await?,
+            OpenMode::Existing => check_postgres(&pool, &redact(url)).await?,
+        }
         Ok(Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
@@ -321,20 +340,7 @@ impl Store for PostgresStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let status: String = row.try_get("status")?;
-                Ok(TaskSummary {
-                    id: row.try_get("id")?,
-                    skill_name: row.try_get("skill_name")?,
-                    status: parse_status(&status)?,
-                    version: row.try_get::<i64, _>("version")? as u64,
-                    model: row.try_get("model")?,
-                    created_at: row.try_get("created_at")?,
-                    updated_at: row.try_get("updated_at")?,
-                })
-            })
-            .collect()
+        Ok(rows.iter().map(summary_from_row).collect())
     }
 
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
@@ -740,5 +746,89 @@ impl Store for PostgresStore {
                 )
                 .await?,
         })
+    }
+
+    async fn journal_extent(&self, task: &str) -> Result<JournalExtent> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS accepted, MIN(step) AS first, MAX(step) AS last, \
+             (SELECT state_hash FROM journal WHERE task_id = $1 AND verdict = 'accepted' ORDER BY step DESC LIMIT 1) AS last_hash, \
+             (SELECT MIN(step) FROM snapshots WHERE task_id = $1) AS base \
+             FROM journal WHERE task_id = $1 AND verdict = 'accepted'",
+        )
+        .bind(task)
+        .fetch_one(&self.pool)
+        .await?;
+        extent_from_row(&row)
+    }
+
+    async fn acquire_lease(
+        &self,
+        task: &str,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        replacing: Option<&str>,
+    ) -> Result<LeaseInfo> {
+        // The server's clock decides expiry, so runners on several machines agree.
+        let updated = sqlx::query(
+            "WITH now AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms) \
+             UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS NOT DISTINCT FROM $1 THEN lease_acquired_at ELSE now.ms END, \
+             lease_token = $1, lease_holder = $2, lease_process = $3, lease_expires_at = now.ms + $4 \
+             FROM now WHERE id = $5 AND (lease_token IS NULL OR lease_expires_at <= now.ms OR lease_token = $1 OR lease_token = $6)",
+        )
+        .bind(&claim.token)
+        .bind(&claim.holder)
+        .bind(&claim.process)
+        .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+        .bind(task)
+        .bind(replacing)
+        .execute(&self.pool)
+        .await?;
+        match self.lease(task).await? {
+            Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
+            Some(lease) => Err(StoreError::Leased {
+                task: task.to_owned(),
+                lease: Box::new(lease),
+            }),
+            None => Err(StoreError::NotFound(task.to_owned())),
+        }
+    }
+
+    async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()> {
+        let updated = sqlx::query(
+            "UPDATE tasks SET lease_expires_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + $1 WHERE id = $2 AND lease_token = $3",
+        )
+        .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::LeaseLost {
+                task: task.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn release_lease(&self, task: &str, token: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2",
+        )
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
+        )
+        .bind(task)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        lease_from_row(&row)
     }
 }

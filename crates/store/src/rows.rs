@@ -67,25 +67,125 @@ where
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let step = row.try_get::<i64, _>("step")? as u64;
+    let attempt = row.try_get::<i64, _>("attempt")? as u32;
+    // Every part of a row that can be unreadable is named with its step and attempt.
+    let what = |part: &str| format!("{part} of journal step {step} (attempt {attempt})");
     let verdict: String = row.try_get("verdict")?;
     Ok(JournalEntry {
-        step: row.try_get::<i64, _>("step")? as u64,
-        attempt: row.try_get::<i64, _>("attempt")? as u32,
-        verdict: if verdict == "accepted" {
-            Verdict::Accepted
-        } else {
-            Verdict::Rejected
+        step,
+        attempt,
+        verdict: match verdict.as_str() {
+            "accepted" => Verdict::Accepted,
+            "rejected" => Verdict::Rejected,
+            other => {
+                return Err(StoreError::Decode {
+                    what: what("verdict"),
+                    message: format!("unknown verdict `{other}`"),
+                });
+            }
         },
         output: row.try_get("output")?,
-        patch: decode_opt("patch", row.try_get("patch")?)?,
-        action: decode_opt("action", row.try_get("action")?)?,
-        errors: decode_opt("errors", row.try_get("errors")?)?,
+        patch: decode_opt(&what("patch"), row.try_get("patch")?)?,
+        action: decode_opt(&what("action"), row.try_get("action")?)?,
+        errors: decode_opt(&what("errors"), row.try_get("errors")?)?,
         state_hash: row.try_get("state_hash")?,
         prompt_tokens: row.try_get::<i64, _>("prompt_tokens")? as u64,
         prompt_hash: row.try_get("prompt_hash")?,
-        usage: decode_opt("usage", row.try_get("usage")?)?,
+        usage: decode_opt(&what("usage"), row.try_get("usage")?)?,
         latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,
         created_at: row.try_get("created_at")?,
+    })
+}
+
+/// One line of the task list; an unreadable status or column degrades this row only.
+pub(crate) fn summary_from_row<R: Row>(row: &R) -> TaskSummary
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let mut problems = Vec::new();
+    let mut text = |column: &str| match row.try_get::<String, _>(column) {
+        Ok(value) => value,
+        Err(e) => {
+            problems.push(format!("{column}: {e}"));
+            String::from("?")
+        }
+    };
+    let id = text("id");
+    let skill_name = text("skill_name");
+    let status_text = text("status");
+    let model = text("model");
+    let mut number = |column: &str| match row.try_get::<i64, _>(column) {
+        Ok(value) => value,
+        Err(e) => {
+            problems.push(format!("{column}: {e}"));
+            0
+        }
+    };
+    let version = number("version").max(0) as u64;
+    let created_at = number("created_at");
+    let updated_at = number("updated_at");
+    let status = TaskStatus::parse(&status_text);
+    if status.is_none() && status_text != "?" {
+        problems.push(format!("unknown status `{status_text}`"));
+    }
+    TaskSummary {
+        id,
+        skill_name,
+        status,
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        version,
+        model,
+        created_at,
+        updated_at,
+    }
+}
+
+pub(crate) fn lease_from_row<R: Row>(row: &R) -> Result<Option<LeaseInfo>>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let Some(token) = row.try_get::<Option<String>, _>("lease_token")? else {
+        return Ok(None);
+    };
+    Ok(Some(LeaseInfo {
+        token,
+        holder: row
+            .try_get::<Option<String>, _>("lease_holder")?
+            .unwrap_or_default(),
+        process: row
+            .try_get::<Option<String>, _>("lease_process")?
+            .unwrap_or_default(),
+        acquired_at: row
+            .try_get::<Option<i64>, _>("lease_acquired_at")?
+            .unwrap_or(0),
+        expires_at: row
+            .try_get::<Option<i64>, _>("lease_expires_at")?
+            .unwrap_or(0),
+    }))
+}
+
+pub(crate) fn extent_from_row<R: Row>(row: &R) -> Result<JournalExtent>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let step = |column: &str| -> Result<Option<u64>> {
+        Ok(row
+            .try_get::<Option<i64>, _>(column)?
+            .map(|s| s.max(0) as u64))
+    };
+    Ok(JournalExtent {
+        accepted: row.try_get::<i64, _>("accepted")?.max(0) as u64,
+        first: step("first")?,
+        last: step("last")?,
+        last_hash: row.try_get("last_hash")?,
+        base: step("base")?,
     })
 }
 

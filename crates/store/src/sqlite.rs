@@ -11,10 +11,15 @@ use skillstate_core::json::state_hash;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use crate::migrate::migrate_sqlite;
+use crate::migrate::{check_sqlite, migrate_sqlite};
 use crate::model::*;
-use crate::rows::{decode, entry_from_row, task_from_row, to_json, verdict_str};
-use crate::{DEFAULT_SNAPSHOT_EVERY, Result, StorageStats, Store, StoreError, now_millis};
+use crate::rows::{
+    decode, entry_from_row, extent_from_row, lease_from_row, summary_from_row, task_from_row,
+    to_json, verdict_str,
+};
+use crate::{
+    DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StorageStats, Store, StoreError, now_millis,
+};
 
 /// How hard SQLite syncs on commit. `Full` survives power loss; `Normal` in WAL mode survives
 /// process crashes (the last transactions may be lost on power loss).
@@ -33,6 +38,16 @@ const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, en
 
 impl SqliteStore {
     pub async fn open(location: &str, synchronous: Synchronous) -> Result<Self> {
+        Self::open_mode(location, synchronous, OpenMode::ReadWrite).await
+    }
+
+    /// Opens `location`; with `OpenMode::Existing` the file must exist and hold a skillstate
+    /// schema, and nothing is created, converted or migrated.
+    pub async fn open_mode(
+        location: &str,
+        synchronous: Synchronous,
+        mode: OpenMode,
+    ) -> Result<Self> {
         let open_error = |message: String| StoreError::Open {
             location: location.to_owned(),
             message,
@@ -51,12 +66,20 @@ impl SqliteStore {
                     parent.display()
                 )));
             }
+            if mode == OpenMode::Existing && !std::path::Path::new(path).is_file() {
+                return Err(StoreError::NoSchema {
+                    location: location.to_owned(),
+                });
+            }
             SqliteConnectOptions::new()
                 .filename(path)
-                .create_if_missing(true)
+                .create_if_missing(mode == OpenMode::ReadWrite)
+        };
+        let options = match mode {
+            OpenMode::ReadWrite => options.journal_mode(SqliteJournalMode::Wal),
+            OpenMode::Existing => options,
         };
         let options = options
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match synchronous {
                 Synchronous::Full => SqliteSynchronous::Full,
                 Synchronous::Normal => SqliteSynchronous::Normal,
@@ -83,7 +106,10 @@ impl SqliteStore {
                 Err(e) => return Err(open_error(e.to_string())),
             }
         };
-        migrate_sqlite(&pool).await?;
+        match mode {
+            OpenMode::ReadWrite => migrate_sqlite(&pool).await?,
+            OpenMode::Existing => check_sqlite(&pool, location).await?,
+        }
         Ok(Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
@@ -222,23 +248,7 @@ impl Store for SqliteStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let status: String = row.try_get("status")?;
-                Ok(TaskSummary {
-                    id: row.try_get("id")?,
-                    skill_name: row.try_get("skill_name")?,
-                    status: TaskStatus::parse(&status).ok_or_else(|| StoreError::Decode {
-                        what: "task status".into(),
-                        message: format!("unknown status `{status}`"),
-                    })?,
-                    version: row.try_get::<i64, _>("version")? as u64,
-                    model: row.try_get("model")?,
-                    created_at: row.try_get("created_at")?,
-                    updated_at: row.try_get("updated_at")?,
-                })
-            })
-            .collect()
+        Ok(rows.iter().map(summary_from_row).collect())
     }
 
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
@@ -612,5 +622,90 @@ impl Store for SqliteStore {
             observation_bytes: bytes("SELECT SUM(LENGTH(CAST(text AS BLOB))) FROM observations WHERE task_id = ?").await?,
             snapshot_bytes: bytes("SELECT SUM(LENGTH(CAST(state AS BLOB)) + LENGTH(CAST(state_hash AS BLOB))) FROM snapshots WHERE task_id = ?").await?,
         })
+    }
+
+    async fn journal_extent(&self, task: &str) -> Result<JournalExtent> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS accepted, MIN(step) AS first, MAX(step) AS last, \
+             (SELECT state_hash FROM journal WHERE task_id = ?1 AND verdict = 'accepted' ORDER BY step DESC LIMIT 1) AS last_hash, \
+             (SELECT MIN(step) FROM snapshots WHERE task_id = ?1) AS base \
+             FROM journal WHERE task_id = ?1 AND verdict = 'accepted'",
+        )
+        .bind(task)
+        .fetch_one(&self.pool)
+        .await?;
+        extent_from_row(&row)
+    }
+
+    async fn acquire_lease(
+        &self,
+        task: &str,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        replacing: Option<&str>,
+    ) -> Result<LeaseInfo> {
+        let now = now_millis();
+        let updated = sqlx::query(
+            "UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS ?1 THEN lease_acquired_at ELSE ?2 END, \
+             lease_token = ?1, lease_holder = ?3, lease_process = ?4, lease_expires_at = ?5 \
+             WHERE id = ?6 AND (lease_token IS NULL OR lease_expires_at <= ?2 OR lease_token = ?1 OR lease_token IS ?7)",
+        )
+        .bind(&claim.token)
+        .bind(now)
+        .bind(&claim.holder)
+        .bind(&claim.process)
+        .bind(now.saturating_add(ttl_ms.min(i64::MAX as u64) as i64))
+        .bind(task)
+        .bind(replacing)
+        .execute(&self.pool)
+        .await?;
+        let lease = self.lease(task).await?;
+        match lease {
+            Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
+            Some(lease) => Err(StoreError::Leased {
+                task: task.to_owned(),
+                lease: Box::new(lease),
+            }),
+            None => Err(StoreError::NotFound(task.to_owned())),
+        }
+    }
+
+    async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()> {
+        let expires = now_millis().saturating_add(ttl_ms.min(i64::MAX as u64) as i64);
+        let updated =
+            sqlx::query("UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ?")
+                .bind(expires)
+                .bind(task)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::LeaseLost {
+                task: task.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn release_lease(&self, task: &str, token: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = ? AND lease_token = ?",
+        )
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = ?",
+        )
+        .bind(task)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        lease_from_row(&row)
     }
 }

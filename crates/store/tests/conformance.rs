@@ -417,11 +417,10 @@ async fn tasks_are_found_by_id_and_unique_prefix() -> anyhow::Result<()> {
         expected.sort_by_key(|t| (t.created_at, t.id.clone()));
         let expected: Vec<&str> = expected.iter().map(|t| t.id.as_str()).collect();
         assert_eq!(ids, expected);
-        assert!(
-            listed.iter().all(|t| t.version == 0
-                && t.skill_name == "free"
-                && t.status == TaskStatus::Running)
-        );
+        assert!(listed.iter().all(|t| t.version == 0
+            && t.skill_name == "free"
+            && t.status == Some(TaskStatus::Running)
+            && t.problem.is_none()));
         Ok(())
     })
     .await
@@ -1222,11 +1221,11 @@ async fn concurrent_and_repeated_opens_apply_each_migration_once() -> anyhow::Re
             stores.push(open.await??);
         }
         let again = db.open().await?;
-        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 1);
+        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 2);
         assert_eq!(
             db.count("SELECT MAX(version) FROM schema_migrations")
                 .await?,
-            1
+            2
         );
 
         let task = stores[0].create_task(new_task(), &json!({"x": 1})).await?;
@@ -1248,7 +1247,7 @@ async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
         match db.open().await {
             Err(StoreError::SchemaTooNew {
                 found: 999,
-                supported: 1,
+                supported: 2,
             }) => {}
             Err(other) => bail!("expected SchemaTooNew, got {other}"),
             Ok(_) => bail!("a newer schema was accepted"),
@@ -1316,4 +1315,232 @@ async fn postgres_errors_name_the_location_without_its_password() -> anyhow::Res
         Ok(_) => bail!("accepted a schema name that needs quoting"),
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Execution leases, journal extent, degraded listing, read-only opens
+
+fn claim(token: &str) -> LeaseClaim {
+    LeaseClaim {
+        token: token.into(),
+        holder: format!("runner {token}"),
+        process: format!("test {token}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_runner_holds_a_task_until_its_lease_expires_or_is_released() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        assert_eq!(store.lease(&task.id).await?, None);
+
+        let first = store
+            .acquire_lease(&task.id, &claim("a"), 60_000, None)
+            .await?;
+        assert_eq!(first.holder, "runner a");
+        assert!(first.expires_at > first.acquired_at);
+        // A second runner is told who holds it and since when.
+        match store
+            .acquire_lease(&task.id, &claim("b"), 60_000, None)
+            .await
+        {
+            Err(error @ StoreError::Leased { .. }) => {
+                let message = error.to_string();
+                assert!(message.contains("runner a"), "{message}");
+                assert!(message.contains("since"), "{message}");
+            }
+            other => bail!("a held lease was granted again: {other:?}"),
+        }
+        // The holder renews and re-acquires; its acquisition time stays.
+        store.renew_lease(&task.id, "a", 60_000).await?;
+        let again = store
+            .acquire_lease(&task.id, &claim("a"), 60_000, None)
+            .await?;
+        assert_eq!(again.acquired_at, first.acquired_at);
+        // Naming the wrong current holder does not take it over.
+        assert!(matches!(
+            store
+                .acquire_lease(&task.id, &claim("b"), 60_000, Some("z"))
+                .await,
+            Err(StoreError::Leased { .. })
+        ));
+        // Taking over from a holder known to be gone: only with its exact token.
+        let taken = store
+            .acquire_lease(&task.id, &claim("b"), 60_000, Some("a"))
+            .await?;
+        assert_eq!(taken.token, "b");
+        // The old holder's renewal now fails: it has lost the lease.
+        assert!(matches!(
+            store.renew_lease(&task.id, "a", 60_000).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        // Releasing by a non-holder does nothing; by the holder frees it.
+        store.release_lease(&task.id, "a").await?;
+        assert_eq!(
+            store.lease(&task.id).await?.map(|l| l.token),
+            Some("b".into())
+        );
+        store.release_lease(&task.id, "b").await?;
+        assert_eq!(store.lease(&task.id).await?, None);
+
+        // An expired lease is free for anyone.
+        store.acquire_lease(&task.id, &claim("c"), 1, None).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let after = store
+            .acquire_lease(&task.id, &claim("d"), 60_000, None)
+            .await?;
+        assert_eq!(after.token, "d");
+        assert!(matches!(
+            store.lease("no-such-task").await,
+            Err(StoreError::NotFound(_))
+        ));
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_runners_get_one_lease() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let barrier = Arc::new(Barrier::new(8));
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, barrier, id) = (store.clone(), barrier.clone(), task.id.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .acquire_lease(&id, &claim(&format!("r{i}")), 60_000, None)
+                        .await
+                })
+            })
+            .collect();
+        let mut granted = 0;
+        for racer in racers {
+            match racer.await? {
+                Ok(_) => granted += 1,
+                Err(StoreError::Leased { .. }) => {}
+                Err(other) => bail!("unexpected: {other}"),
+            }
+        }
+        assert_eq!(granted, 1);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_extent_shows_gaps_and_the_last_hash() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let empty = store.journal_extent(&task.id).await?;
+        assert_eq!((empty.accepted, empty.first, empty.last), (0, None, None));
+        assert_eq!(empty.base, Some(0));
+        let states = run_steps(store.as_ref(), &task.id, 4, &[]).await?;
+        let extent = store.journal_extent(&task.id).await?;
+        assert_eq!(
+            (extent.accepted, extent.first, extent.last),
+            (4, Some(1), Some(4))
+        );
+        assert_eq!(extent.last_hash, Some(state_hash(&states[4])));
+        db.execute(&format!(
+            "DELETE FROM journal WHERE task_id = '{}' AND step = 2",
+            task.id
+        ))
+        .await?;
+        let gap = store.journal_extent(&task.id).await?;
+        assert_eq!((gap.accepted, gap.first, gap.last), (3, Some(1), Some(4)));
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_unreadable_row_does_not_hide_the_other_tasks() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let good = store.create_task(new_task(), &json!({})).await?;
+        let bad = store.create_task(new_task(), &json!({})).await?;
+        db.execute(&format!(
+            "UPDATE tasks SET status = 'exploded' WHERE id = '{}'",
+            bad.id
+        ))
+        .await?;
+        let listed = store.list_tasks().await?;
+        assert_eq!(listed.len(), 2);
+        let row = |id: &str| listed.iter().find(|t| t.id == id).cloned();
+        let good_row = row(&good.id).context("good row listed")?;
+        assert_eq!(good_row.status, Some(TaskStatus::Running));
+        assert_eq!(good_row.problem, None);
+        let bad_row = row(&bad.id).context("bad row listed")?;
+        assert_eq!(bad_row.status, None);
+        assert!(
+            bad_row
+                .problem
+                .as_deref()
+                .is_some_and(|p| p.contains("exploded")),
+            "{bad_row:?}"
+        );
+        // Loading the bad task itself names what is wrong.
+        let error = store.task(&bad.id).await.err().context("bad task loads")?;
+        assert!(error.to_string().contains("exploded"), "{error}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_journal_row_is_named_by_its_step() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        run_steps(store.as_ref(), &task.id, 3, &[]).await?;
+        db.execute(&format!(
+            "UPDATE journal SET usage = '{{not json' WHERE task_id = '{}' AND step = 2",
+            task.id
+        ))
+        .await?;
+        let error = store
+            .journal(&task.id)
+            .await
+            .err()
+            .context("journal loads")?;
+        let message = error.to_string();
+        assert!(message.contains("step 2"), "{message}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_opens_never_create_or_migrate() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let options = StoreOptions::default();
+        // Nothing there yet: refused, and still nothing there afterwards.
+        match open_existing(&db.location(), &options).await {
+            Err(StoreError::NoSchema { .. }) => {}
+            Err(other) => bail!("expected NoSchema, got {other}"),
+            Ok(_) => bail!("a read-only open succeeded on an empty database"),
+        }
+        if db.backend == Backend::Sqlite {
+            let path = db.location();
+            assert!(!std::path::Path::new(&path).exists(), "{path} was created");
+        } else {
+            assert_eq!(
+                db.count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()")
+                    .await?,
+                0
+            );
+        }
+        // After a writer created it, a read-only open reads it.
+        let writer = db.open().await?;
+        let task = writer.create_task(new_task(), &json!({"a": 1})).await?;
+        let reader = open_existing(&db.location(), &options).await?;
+        assert_eq!(reader.task(&task.id).await?, task);
+        Ok(())
+    })
+    .await
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use skillstate_providers::ModelProvider;
-use skillstate_runtime::{NoProgress, Runner, fork_task, verify_journal};
+use skillstate_runtime::{NoProgress, Runner, fork_task, is_retryable, verify_journal};
 use skillstate_store::{TaskRecord, TaskStatus, state_at};
 
 use super::{World, world_of_task};
-use crate::config::{Config, load_config, open_store};
+use crate::config::{Config, lease_policy, load_config, open_existing, open_store};
 use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
@@ -34,6 +34,7 @@ async fn model_and_world(
 /// What a stored task is told before it continues.
 enum Decision<'a> {
     Resume,
+    Retry,
     Reply(&'a str),
     Approve,
     Reject(&'a str),
@@ -51,18 +52,50 @@ async fn continue_task(
     let store = open_store(db, &config).await?;
     let task = store.task(task_ref).await?;
     if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running {
+        // Nothing runs: say why and what would, and exit non-zero so scripts notice.
         println!(
             "{}",
             outcome_line(&task.id, task.status, task.version, task.outcome.as_ref())
         );
-        println!("nothing to resume: the task is {}", task.status.as_str());
-        return Ok(ExitCode::SUCCESS);
+        let hint = match task.status {
+            TaskStatus::Failed if is_retryable(task.outcome.as_ref()) => format!(
+                "; the failure can be retried: skillstate resume {} --retry",
+                task.id
+            ),
+            TaskStatus::Failed | TaskStatus::Completed => format!(
+                "; to continue from an earlier step: skillstate fork {} --step N",
+                task.id
+            ),
+            TaskStatus::AwaitingApproval => format!(
+                "; it waits for: skillstate approve {0} | reject {0} --reason \"...\"",
+                task.id
+            ),
+            TaskStatus::AwaitingInput => {
+                format!("; it waits for: skillstate reply {} \"...\"", task.id)
+            }
+            TaskStatus::Running => String::new(),
+        };
+        eprintln!(
+            "nothing to resume: the task is {}{hint}",
+            task.status.as_str()
+        );
+        return Ok(ExitCode::FAILURE);
     }
     let (model, mut world) = model_and_world(&task, &config, model_args).await?;
     let mut observer = NoProgress;
-    let mut runner = Runner::new(store, model, world.env.as_mut(), &mut observer);
+    let label = match decision {
+        Decision::Resume => "skillstate resume",
+        Decision::Retry => "skillstate resume --retry",
+        Decision::Reply(_) => "skillstate reply",
+        Decision::Approve => "skillstate approve",
+        Decision::Reject(_) => "skillstate reject",
+    };
+    let mut runner = Runner::new(store, model, world.env.as_mut(), &mut observer)
+        .with_lease_policy(lease_policy(&config, label))
+        .with_secrets(&config.secrets());
     let outcome = match decision {
         Decision::Resume => runner.run(&task.id).await,
+        Decision::Retry => runner.retry(&task.id).await,
         Decision::Reply(answer) => runner.reply(&task.id, answer).await,
         Decision::Approve => runner.approve(&task.id).await,
         Decision::Reject(reason) => runner.reject(&task.id, reason).await,
@@ -148,12 +181,12 @@ pub async fn reject(db: &str, config_path: Option<&Path>, args: RejectArgs) -> R
 
 /// Tasks waiting for a human, with what they wait for.
 pub async fn pending(db: &str) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
+    let store = open_existing(db).await?;
     let mut any = false;
     for summary in store.list_tasks().await? {
         if !matches!(
             summary.status,
-            TaskStatus::AwaitingInput | TaskStatus::AwaitingApproval
+            Some(TaskStatus::AwaitingInput | TaskStatus::AwaitingApproval)
         ) {
             continue;
         }
@@ -193,6 +226,11 @@ pub async fn pending(db: &str) -> Result<ExitCode> {
 pub struct ResumeArgs {
     /// Task id or a unique prefix of it.
     task: String,
+    /// Continue a task that failed for a reason worth retrying (the model server was
+    /// unreachable, every answer of a step was rejected): the failed step gets a fresh retry
+    /// budget and the task goes on from its journal.
+    #[arg(long)]
+    retry: bool,
     /// Defaults to the model the task was started with.
     #[command(flatten)]
     model: ModelArgs,
@@ -200,7 +238,12 @@ pub struct ResumeArgs {
 
 /// Continues a task after a crash, a kill or a reboot, from its last committed step.
 pub async fn resume(db: &str, config_path: Option<&Path>, args: ResumeArgs) -> Result<ExitCode> {
-    continue_task(db, config_path, &args.task, &args.model, Decision::Resume).await
+    let decision = if args.retry {
+        Decision::Retry
+    } else {
+        Decision::Resume
+    };
+    continue_task(db, config_path, &args.task, &args.model, decision).await
 }
 
 #[derive(clap::Args)]
@@ -244,7 +287,7 @@ pub struct ReplayArgs {
 }
 
 pub async fn replay(db: &str, args: ReplayArgs) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
+    let store = open_existing(db).await?;
     let task = store.task(&args.task).await?;
     let check = verify_journal(store.as_ref(), &task).await?;
     match check.mismatch {
@@ -283,23 +326,34 @@ pub struct GcArgs {
     dry_run: bool,
 }
 
-/// Milliseconds in `30d` / `12h` / `90m` / `45s`.
+/// Milliseconds in `30d` / `12h` / `90m` / `45s`. An age too long to count in milliseconds
+/// (past 584 million years) saturates: it means "older than any task can be", so nothing
+/// qualifies, which is what the user asked for.
 fn parse_age(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len()),
     );
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not an age like 30d, 12h or 90m"))?;
-    let unit_ms = match unit {
+    if number.is_empty() {
+        return Err(format!("`{text}` is not an age like 30d, 12h or 90m"));
+    }
+    let unit_ms: u64 = match unit {
         "d" => 86_400_000,
         "h" => 3_600_000,
         "m" => 60_000,
         "s" => 1_000,
         _ => return Err(format!("`{text}`: use d, h, m or s (30d, 12h, 90m, 45s)")),
     };
-    Ok(n * unit_ms)
+    // Only digits are left, so the one way to fail is a number beyond u64.
+    let n: u64 = number.parse().unwrap_or(u64::MAX);
+    Ok(n.saturating_mul(unit_ms))
+}
+
+/// Whether a task last updated at `updated_at` (ms since the epoch) is older than `age_ms` at
+/// `now_ms`. Exact for every input: an age longer than the time since the epoch, or a
+/// timestamp from the future, never qualifies.
+fn older_than(now_ms: i64, updated_at: i64, age_ms: u64) -> bool {
+    i128::from(now_ms) - i128::from(updated_at) > i128::from(age_ms)
 }
 
 pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
@@ -311,15 +365,15 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
     let store = skillstate_store::open(db).await?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0);
     let verb = if args.dry_run { "would" } else { "did" };
     let mut deleted = 0;
     let mut compacted = 0;
     for summary in store.list_tasks().await? {
         if let Some(age) = args.older_than
-            && summary.status.is_terminal()
-            && now - summary.updated_at > age as i64
+            && summary.status.is_some_and(TaskStatus::is_terminal)
+            && older_than(now, summary.updated_at, age)
         {
             if !args.dry_run {
                 store.delete_task(&summary.id).await?;
@@ -327,7 +381,7 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
             println!(
                 "{verb} delete task {} ({}, {} steps)",
                 summary.id,
-                summary.status.as_str(),
+                summary.status.map_or("?", TaskStatus::as_str),
                 summary.version
             );
             deleted += 1;
@@ -357,4 +411,32 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
     }
     println!("{verb} delete {deleted} task(s) and compact {compacted} journal(s)");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod gc_tests {
+    use super::*;
+
+    #[test]
+    fn ages_that_overflow_saturate_instead_of_wrapping() {
+        assert_eq!(parse_age("30d"), Ok(30 * 86_400_000));
+        assert_eq!(parse_age("10000000000000000s"), Ok(10_000_000_000_000_000_000));
+        assert_eq!(parse_age("99999999999999999999999d"), Ok(u64::MAX));
+        assert_eq!(parse_age("18446744073709551615h"), Ok(u64::MAX));
+        for bad in ["", "d", "-5d", "5", "5w", "1.5h"] {
+            assert!(parse_age(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_age_beyond_the_epoch_or_a_future_timestamp_never_qualifies() {
+        let now = 1_800_000_000_000;
+        assert!(older_than(now, now - 10, 5));
+        assert!(!older_than(now, now - 10, 10));
+        assert!(!older_than(now, 0, u64::MAX));
+        assert!(!older_than(now, i64::MAX, 0));
+        assert!(!older_than(now, i64::MIN, u64::MAX));
+        assert!(older_than(now, i64::MIN, i64::MAX as u64));
+        assert!(!older_than(i64::MIN, i64::MAX, 0));
+    }
 }

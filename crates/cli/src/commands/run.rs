@@ -8,7 +8,7 @@ use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
 
 use super::{load_skill, world_for};
-use crate::config::{load_config, open_store};
+use crate::config::{lease_policy, load_config, open_store};
 use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
@@ -23,7 +23,7 @@ pub struct RunArgs {
     context: ContextStrategy,
     /// Token budget for the whole prompt with `--context window` (default 1800) and
     /// `--context summary` (drops the oldest summary lines to fit; uncapped by default).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::limits::parse_budget)]
     budget: Option<usize>,
     /// The directory the fs and shell tools are confined to (default: `[tools] work_dir` of the
     /// skill, else the current directory).
@@ -109,6 +109,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         context: args.context,
         context_budget: args.budget,
         environment: world.record(),
+        secrets: config.secrets(),
     };
     let task = start_task(store.as_ref(), &skill, world.env.as_mut(), &options).await?;
     if !args.quiet {
@@ -116,6 +117,8 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
     }
     let mut printer = StepPrinter { quiet: args.quiet };
     let outcome = Runner::new(store, model, world.env.as_mut(), &mut printer)
+        .with_lease_policy(lease_policy(&config, "skillstate run"))
+        .with_secrets(&config.secrets())
         .run(&task.id)
         .await;
     world.shutdown().await;

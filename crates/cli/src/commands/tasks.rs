@@ -5,7 +5,7 @@ use anyhow::Result;
 use crate::render::{Table, format_time};
 
 pub async fn run(db: &str) -> Result<ExitCode> {
-    let store = skillstate_store::open(db).await?;
+    let store = crate::config::open_existing(db).await?;
     let tasks = store.list_tasks().await?;
     if tasks.is_empty() {
         println!("no tasks in {db}; start one with `skillstate run <skill> --model ...`");
@@ -16,7 +16,13 @@ pub async fn run(db: &str) -> Result<ExitCode> {
         table.row(vec![
             task.id,
             task.skill_name,
-            task.status.as_str().to_owned(),
+            match (&task.status, &task.problem) {
+                (Some(status), None) => status.as_str().to_owned(),
+                (Some(status), Some(problem)) => {
+                    format!("{} (unreadable: {problem})", status.as_str())
+                }
+                (None, problem) => format!("unreadable: {}", problem.as_deref().unwrap_or("?")),
+            },
             task.version.to_string(),
             task.model,
             format_time(task.updated_at),

@@ -1,0 +1,157 @@
+//! What every prompt of a task is rendered from, and rebuilding any past prompt exactly from
+//! the journal: both go through `TaskFrame::prompt`, so a rebuilt prompt is byte-identical.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use skillstate_core::prompt::Turn;
+use skillstate_core::{
+    Action, ContextStrategy, Prompt, PromptInput, Rejection, Skill, ToolCatalog, render,
+    step_output_schema,
+};
+use skillstate_store::{JournalEntry, Store, TaskRecord, Verdict, state_at};
+
+use crate::RuntimeError;
+
+/// What every prompt of a task is rendered from, besides the per-step inputs.
+pub(crate) struct TaskFrame {
+    pub(crate) skill: Skill,
+    pub(crate) catalog: ToolCatalog,
+    read_only: Vec<String>,
+    pub(crate) context: ContextStrategy,
+    context_budget: Option<usize>,
+    /// The schema of a whole step answer, for providers that constrain decoding.
+    pub(crate) output_schema: Arc<Value>,
+}
+
+impl TaskFrame {
+    pub(crate) fn new(task: &TaskRecord) -> Result<Self, RuntimeError> {
+        let skill = Skill::from_definition(task.skill.clone()).map_err(|message| {
+            RuntimeError::StoredTask {
+                task: task.id.clone(),
+                message,
+            }
+        })?;
+        let catalog = ToolCatalog::new(task.tools.clone())?;
+        let read_only = skill.schema.declared_read_only_properties();
+        let output_schema = Arc::new(step_output_schema(&skill.schema, catalog.specs()));
+        Ok(Self {
+            skill,
+            catalog,
+            read_only,
+            context: task.context,
+            context_budget: task.context_budget,
+            output_schema,
+        })
+    }
+
+    pub(crate) fn prompt(
+        &self,
+        state: &Value,
+        observation: &str,
+        retry: &[Rejection],
+        turns: &[Turn],
+    ) -> Prompt {
+        render(
+            self.context,
+            &PromptInput {
+                skill: &self.skill.definition,
+                tools: self.catalog.specs(),
+                read_only: &self.read_only,
+                state,
+                observation,
+                observation_budget: self.skill.settings().budgets.observation_tokens,
+                retry,
+                turns,
+                context_budget: self.context_budget,
+            },
+        )
+    }
+}
+
+/// Rebuilds the exact prompt of `step`/`attempt` from the journal, with the hash recorded when
+/// the model received it.
+pub async fn rebuild_prompt(
+    store: &dyn Store,
+    task: &TaskRecord,
+    step: u64,
+    attempt: u32,
+) -> Result<(Prompt, String), RuntimeError> {
+    let frame = TaskFrame::new(task)?;
+    let journal = store.journal(&task.id).await?;
+    let entry = journal
+        .iter()
+        .find(|e| e.step == step && e.attempt == attempt)
+        .ok_or_else(|| RuntimeError::StoredTask {
+            task: task.id.clone(),
+            message: format!("the journal has no attempt {attempt} at step {step}"),
+        })?;
+    let state = state_at(store, &task.id, step - 1, task.version).await?;
+    let observation =
+        store
+            .observation(&task.id, step)
+            .await?
+            .ok_or_else(|| RuntimeError::StoredTask {
+                task: task.id.clone(),
+                message: format!("no observation recorded for step {step}"),
+            })?;
+    let retry = match journal
+        .iter()
+        .find(|e| e.step == step && e.attempt + 1 == attempt)
+    {
+        Some(previous) => rejections_of(previous),
+        None => Vec::new(),
+    };
+    let turns = if task.context.uses_turns() {
+        load_turns(store, &task.id, step - 1).await?
+    } else {
+        Vec::new()
+    };
+    Ok((
+        frame.prompt(&state, &observation, &retry, &turns),
+        entry.prompt_hash.clone(),
+    ))
+}
+
+/// The accepted steps up to `up_to` as transcript turns, from the journal, observations and
+/// action results.
+pub(crate) async fn load_turns(
+    store: &dyn Store,
+    task: &str,
+    up_to: u64,
+) -> Result<Vec<Turn>, RuntimeError> {
+    let observations: BTreeMap<u64, String> = store.observations(task).await?.into_iter().collect();
+    let results: BTreeMap<u64, Option<String>> = store
+        .intents(task)
+        .await?
+        .into_iter()
+        .map(|i| (i.step, i.result))
+        .collect();
+    Ok(store
+        .journal(task)
+        .await?
+        .into_iter()
+        .filter(|e| e.verdict == Verdict::Accepted && e.step <= up_to)
+        .map(|e| Turn {
+            step: e.step,
+            observation: observations.get(&e.step).cloned().unwrap_or_default(),
+            action: e
+                .action
+                .as_ref()
+                .and_then(Action::from_call_json)
+                .map(|a| a.summary())
+                .unwrap_or_default(),
+            answer: e.output,
+            result: results.get(&e.step).cloned().flatten(),
+        })
+        .collect())
+}
+
+pub(crate) fn rejections_of(entry: &JournalEntry) -> Vec<Rejection> {
+    entry
+        .errors
+        .as_ref()
+        .and_then(|e| serde_json::from_value(e.clone()).ok())
+        .unwrap_or_default()
+}

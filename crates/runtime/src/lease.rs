@@ -1,0 +1,236 @@
+//! One runner per task: the execution lease.
+//!
+//! Before a runner touches a task (run, resume, approve, reject, reply) it takes the task's
+//! lease in the store, renews it in the background every third of its time to live, checks it
+//! before every model call, commit and tool call, and releases it when it stops. A second
+//! process gets `StoreError::Leased` naming the holder and since when. It may take the task
+//! over once the lease expired, or at once when the holder is a process of this same machine
+//! (same boot, same PID namespace) that no longer exists — a `kill -9` does not lock a task
+//! for the lease's whole time to live.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use skillstate_store::{DEFAULT_LEASE_SECS, LeaseClaim, Store, StoreError};
+use tokio::task::JoinHandle;
+
+use crate::RuntimeError;
+
+/// How a runner leases its tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasePolicy {
+    /// Time to live of a lease that is not renewed.
+    pub ttl: Duration,
+    /// Who is running, for people: `skillstate run`, `worker 3`.
+    pub label: String,
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(DEFAULT_LEASE_SECS),
+            label: "skillstate".into(),
+        }
+    }
+}
+
+/// A lease this process holds; renewed until released or dropped.
+pub(crate) struct HeldLease {
+    store: Arc<dyn Store>,
+    task: String,
+    token: String,
+    lost: Arc<AtomicBool>,
+    heartbeat: JoinHandle<()>,
+}
+
+impl HeldLease {
+    /// Takes `task`'s lease, taking it over from a holder that is provably gone.
+    pub(crate) async fn acquire(
+        store: Arc<dyn Store>,
+        task: &str,
+        policy: &LeasePolicy,
+    ) -> Result<Self, RuntimeError> {
+        let claim = LeaseClaim {
+            token: uuid::Uuid::now_v7().to_string(),
+            holder: format!(
+                "`{}` (pid {} on {})",
+                policy.label,
+                std::process::id(),
+                host_name()
+            ),
+            process: process_identity(),
+        };
+        let ttl_ms = u64::try_from(policy.ttl.as_millis()).unwrap_or(u64::MAX);
+        match store.acquire_lease(task, &claim, ttl_ms, None).await {
+            Ok(_) => {}
+            Err(StoreError::Leased { lease, .. }) if holder_is_gone(&lease.process) => {
+                tracing::info!(task, holder = %lease.holder, "taking over from a holder that no longer runs");
+                store
+                    .acquire_lease(task, &claim, ttl_ms, Some(&lease.token))
+                    .await?;
+            }
+            Err(other) => return Err(other.into()),
+        }
+        let lost = Arc::new(AtomicBool::new(false));
+        let heartbeat = tokio::spawn(renew(
+            store.clone(),
+            task.to_owned(),
+            claim.token.clone(),
+            policy.ttl,
+            lost.clone(),
+        ));
+        Ok(Self {
+            store,
+            task: task.to_owned(),
+            token: claim.token,
+            lost,
+            heartbeat,
+        })
+    }
+
+    /// `Err` once the lease could not be renewed: another runner may own the task now.
+    pub(crate) fn check(&self) -> Result<(), RuntimeError> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(StoreError::LeaseLost {
+                task: self.task.clone(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn release(self) {
+        self.heartbeat.abort();
+        if let Err(error) = self.store.release_lease(&self.task, &self.token).await {
+            tracing::warn!(task = %self.task, %error, "could not release the execution lease; it expires by itself");
+        }
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+/// Renews every third of the time to live; a renewal refused (someone else holds the lease)
+/// marks the lease lost. A failed renewal (database briefly unreachable) is retried until the
+/// lease would have expired, and then counts as lost too.
+async fn renew(
+    store: Arc<dyn Store>,
+    task: String,
+    token: String,
+    ttl: Duration,
+    lost: Arc<AtomicBool>,
+) {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let every = (ttl / 3).max(Duration::from_millis(50));
+    let mut last_renewed = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        match store.renew_lease(&task, &token, ttl_ms).await {
+            Ok(()) => last_renewed = tokio::time::Instant::now(),
+            Err(StoreError::LeaseLost { .. }) => {
+                lost.store(true, Ordering::SeqCst);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%task, %error, "could not renew the execution lease");
+                if last_renewed.elapsed() >= ttl {
+                    lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `linux <boot id> <pid namespace> <pid> <start time>`: enough for another process of the same
+/// machine to tell whether this one still exists (a reused pid has another start time).
+fn process_identity() -> String {
+    let pid = std::process::id();
+    format!(
+        "linux {} {} {pid} {}",
+        boot_id(),
+        pid_namespace(),
+        start_time(pid).unwrap_or_default()
+    )
+}
+
+/// `true` only when `process` names a process of this machine and PID namespace that no
+/// longer exists. Anything else (another machine, another container, unreadable) is alive as
+/// far as we can tell: its lease has to expire.
+fn holder_is_gone(process: &str) -> bool {
+    let parts: Vec<&str> = process.split(' ').collect();
+    let ["linux", boot, namespace, pid, started] = parts.as_slice() else {
+        return false;
+    };
+    if boot.is_empty() || *boot != boot_id() || *namespace != pid_namespace() {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    match start_time(pid) {
+        None => std::path::Path::new("/proc/self").exists(),
+        Some(now) => now != *started,
+    }
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks since boot).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses; fields after it don't.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19).map(str::to_owned)
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "this host".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_dead_pid_is_gone() {
+        assert!(!holder_is_gone(&process_identity()));
+        // A child that has exited and been reaped no longer exists.
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        let identity = format!(
+            "linux {} {} {pid} {}",
+            boot_id(),
+            pid_namespace(),
+            start_time(pid).unwrap_or_else(|| "0".into())
+        );
+        child.wait().expect("wait");
+        assert!(holder_is_gone(&identity));
+        // Another machine or an unparsable identity is never presumed dead.
+        assert!(!holder_is_gone(&format!(
+            "linux other-boot {} {pid} 1",
+            pid_namespace()
+        )));
+        assert!(!holder_is_gone("something else"));
+    }
+}
