@@ -160,7 +160,7 @@ impl Sandbox {
                 },
                 if network { "on (skill.toml)" } else { "off" }
             ),
-            Err(reason) => format!("UNAVAILABLE, shell.exec refuses to run: {reason}"),
+            Err(reason) => format!("UNAVAILABLE: {}", refusal(&reason)),
         }
     }
 
