@@ -2,6 +2,7 @@
 
 mod commands;
 mod config;
+mod limits;
 mod model;
 mod render;
 mod toolbox;

@@ -122,6 +122,52 @@ fn run_tasks_and_show_the_demo() {
     assert!(text(&prompt.stderr).contains("byte-identical"));
 }
 
+/// `show --step N --prompt` writes the prompt's exact bytes to stdout and its footer to stderr;
+/// with both streams in one file (a terminal, `2>&1`) the footer must stand on a line of its own,
+/// apart from the prompt's last line.
+#[test]
+fn show_prompt_footer_stands_apart_from_the_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    let run = skillstate(
+        &db,
+        &[
+            "run",
+            "skills/warehouse",
+            "--model",
+            "scripted:skills/warehouse/examples/demo.jsonl",
+        ],
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let tasks = text(&skillstate(&db, &["tasks"]).stdout);
+    let id = tasks.lines().nth(1).unwrap().split_whitespace().next().unwrap();
+
+    let merged_path = tmp.path().join("merged.txt");
+    let merged_file = std::fs::File::create(&merged_path).unwrap();
+    let status = std::process::Command::new(binary())
+        .current_dir(repo_root())
+        .env("SKILLSTATE_DB", &db)
+        .args(["show", id, "--step", "7", "--prompt"])
+        .stdout(merged_file.try_clone().unwrap())
+        .stderr(merged_file)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let merged = std::fs::read_to_string(&merged_path).unwrap();
+    let (prompt, footer) = merged
+        .split_once("\n\nprompt of step 7 attempt 1: ")
+        .unwrap_or_else(|| panic!("the footer is not separated by a blank line:\n{merged}"));
+    assert!(prompt.ends_with("Customer ordered item_4298."), "{prompt}");
+    assert!(footer.ends_with("(byte-identical to the prompt the model received)\n"));
+    assert_eq!(footer.lines().count(), 1, "{footer}");
+
+    // stdout alone is still the prompt, byte for byte: its hash is the one the footer names.
+    let alone = skillstate(&db, &["show", id, "--step", "7", "--prompt"]);
+    let hash = skillstate_core::json::text_hash(&text(&alone.stdout));
+    assert!(text(&alone.stderr).contains(&format!("sha256 {hash} ")), "{}", text(&alone.stderr));
+    assert_eq!(format!("{prompt}\n"), text(&alone.stdout));
+}
+
 #[test]
 fn user_errors_are_clear_and_exit_non_zero() {
     let tmp = tempfile::tempdir().unwrap();
@@ -215,4 +261,59 @@ fn bench_prints_the_table_and_writes_its_outputs() {
         "{}",
         text(&unknown.stderr)
     );
+}
+
+/// Overflow class: an age longer than any task can be old (here 10^16 s, whose milliseconds
+/// used to wrap to a negative number) selects nothing, in the dry run and for real; an age that
+/// does not even fit in 64 bits saturates the same way.
+#[test]
+fn gc_with_an_age_beyond_any_task_deletes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    for _ in 0..2 {
+        let run = skillstate(
+            &db,
+            &[
+                "run",
+                "skills/warehouse",
+                "--model",
+                "scripted:skills/warehouse/examples/demo.jsonl",
+                "--quiet",
+            ],
+        );
+        assert!(run.status.success(), "{}", text(&run.stderr));
+    }
+    let task_lines = |db: &Path| {
+        text(&skillstate(db, &["tasks"]).stdout)
+            .lines()
+            .filter(|l| l.contains("completed"))
+            .count()
+    };
+    assert_eq!(task_lines(&db), 2);
+    for age in ["10000000000000000s", "99999999999999999999999d"] {
+        for dry_run in [true, false] {
+            let mut args = vec!["gc", "--older-than", age];
+            if dry_run {
+                args.push("--dry-run");
+            }
+            let gc = skillstate(&db, &args);
+            assert!(gc.status.success(), "{}", text(&gc.stderr));
+            let verb = if dry_run { "would" } else { "did" };
+            assert_eq!(
+                text(&gc.stdout),
+                format!("{verb} delete 0 task(s) and compact 0 journal(s)\n"),
+                "gc {args:?}"
+            );
+            assert_eq!(task_lines(&db), 2, "gc {args:?} deleted tasks");
+        }
+    }
+    // The same command with an age the finished tasks do exceed still deletes them.
+    let gc = skillstate(&db, &["gc", "--older-than", "0s"]);
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(
+        text(&gc.stdout).ends_with("did delete 2 task(s) and compact 0 journal(s)\n"),
+        "{}",
+        text(&gc.stdout)
+    );
+    assert_eq!(task_lines(&db), 0);
 }

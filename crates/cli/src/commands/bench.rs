@@ -26,7 +26,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "state,history,summary,stateful,window", value_parser = parse_strategy)]
     strategies: Vec<ContextStrategy>,
     /// Token budget for `window` (default 1800) and `summary` (capped only when given).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::limits::parse_budget)]
     budget: Option<usize>,
     /// Telemetry lines per observation; several levels give one row each.
     #[arg(long, value_delimiter = ',', default_value = "0")]
@@ -44,6 +44,9 @@ pub struct BenchArgs {
     #[arg(long)]
     jobs: Option<usize>,
 }
+
+/// Most seeds one bench runs: every seed is a run in every cell of the table.
+const MAX_SEEDS: u64 = 10_000;
 
 fn parse_strategy(name: &str) -> Result<ContextStrategy, String> {
     ContextStrategy::parse(name).ok_or_else(|| {
@@ -66,8 +69,8 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
             skill_dir.display()
         );
     }
-    if args.seeds == 0 {
-        bail!("--seeds must be at least 1");
+    if !(1..=MAX_SEEDS).contains(&args.seeds) {
+        bail!("--seeds must be from 1 to {MAX_SEEDS} (each seed is one run per cell)");
     }
     let horizons = args.horizons.clone().unwrap_or_else(|| {
         if args.drift || args.noise.iter().any(|n| *n > 0) {

@@ -98,6 +98,10 @@ async fn show_prompt(
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(text.as_bytes())?;
     stdout.flush()?;
+    // stdout holds the prompt's exact bytes (their SHA-256 is the recorded one). What follows
+    // goes to stderr after a blank line, so that in a terminal or a merged log it stands apart
+    // from the prompt's last line instead of reading as part of it.
+    eprint!("{}", if text.ends_with('\n') { "\n" } else { "\n\n" });
     if rebuilt != recorded {
         bail!(
             "the rebuilt prompt of step {step} attempt {attempt} does not match what the model received (sha256 {rebuilt} vs recorded {recorded})"
