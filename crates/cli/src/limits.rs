@@ -8,12 +8,7 @@ use skillstate_core::skill::{SettingRange, check_ranges};
 pub const CONFIG_RANGES: &[SettingRange] = &[
     SettingRange::number("model.temperature", 0.0, 2.0, "the sampling temperature"),
     SettingRange::number("model.top_p", 0.0, 1.0, "top_p"),
-    SettingRange::integer(
-        "model.max_tokens",
-        1,
-        1_000_000,
-        "the output token limit",
-    ),
+    SettingRange::integer("model.max_tokens", 1, 1_000_000, "the output token limit"),
     SettingRange::integer("model.seed", 0, i64::MAX as i128, "the sampling seed"),
     SettingRange::integer(
         "model.timeout_secs",
@@ -171,7 +166,13 @@ mod tests {
     #[test]
     fn budgets_outside_their_range_are_refused() {
         assert_eq!(parse_budget("1800"), Ok(1800));
-        for bad in ["0", "18446744073709551615", "99999999999999999999999", "-1", "x"] {
+        for bad in [
+            "0",
+            "18446744073709551615",
+            "99999999999999999999999",
+            "-1",
+            "x",
+        ] {
             assert!(parse_budget(bad).is_err(), "{bad}");
         }
     }

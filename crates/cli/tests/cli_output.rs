@@ -140,7 +140,13 @@ fn show_prompt_footer_stands_apart_from_the_prompt() {
     );
     assert!(run.status.success(), "{}", text(&run.stderr));
     let tasks = text(&skillstate(&db, &["tasks"]).stdout);
-    let id = tasks.lines().nth(1).unwrap().split_whitespace().next().unwrap();
+    let id = tasks
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
 
     let merged_path = tmp.path().join("merged.txt");
     let merged_file = std::fs::File::create(&merged_path).unwrap();
@@ -164,7 +170,11 @@ fn show_prompt_footer_stands_apart_from_the_prompt() {
     // stdout alone is still the prompt, byte for byte: its hash is the one the footer names.
     let alone = skillstate(&db, &["show", id, "--step", "7", "--prompt"]);
     let hash = skillstate_core::json::text_hash(&text(&alone.stdout));
-    assert!(text(&alone.stderr).contains(&format!("sha256 {hash} ")), "{}", text(&alone.stderr));
+    assert!(
+        text(&alone.stderr).contains(&format!("sha256 {hash} ")),
+        "{}",
+        text(&alone.stderr)
+    );
     assert_eq!(format!("{prompt}\n"), text(&alone.stdout));
 }
 
