@@ -5,6 +5,7 @@ pub mod builtin;
 pub mod mcp;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -62,12 +63,52 @@ pub enum ToolError {
     Unknown(String),
     #[error("tool `{tool}` failed: {message}")]
     Failed { tool: String, message: String },
+    #[error(
+        "tool `{tool}` gave no result within {secs} s and was abandoned; if it has effects, they may or may not have happened"
+    )]
+    TimedOut { tool: String, secs: u64 },
 }
 
 #[async_trait]
 pub trait Tool: Send + Sync {
     fn spec(&self) -> &ToolSpec;
     async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError>;
+    /// The tool's own bound on one call, if it has one (an MCP server's `timeout_secs`, the
+    /// shell's `timeout_secs`). [`call_bounded`] then waits at least that long, plus
+    /// [`OWN_LIMIT_GRACE`], so the tool's own, more precise timeout answers first.
+    fn own_time_limit(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The bound on one tool call when nothing else is configured.
+pub const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(300);
+
+/// Added to a tool's own time limit before the outer bound gives up on it.
+pub const OWN_LIMIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Calls `tool`, giving up after `limit` (or the tool's own limit plus [`OWN_LIMIT_GRACE`], if
+/// longer) with [`ToolError::TimedOut`]. The call's future is dropped then: the built-in file
+/// tools stop their work at the next chunk; what a tool already did, or a server still does,
+/// stays done.
+pub async fn call_bounded(
+    tool: &dyn Tool,
+    args: &Value,
+    ctx: &CallContext,
+    limit: Duration,
+) -> Result<ToolOutput, ToolError> {
+    let limit = match tool.own_time_limit() {
+        Some(own) => limit.max(own.saturating_add(OWN_LIMIT_GRACE)),
+        None => limit,
+    };
+    match tokio::time::timeout(limit, tool.call(args, ctx)).await {
+        Ok(result) => result,
+        Err(_) => Err(ToolError::TimedOut {
+            tool: tool.spec().name.clone(),
+            // Whole seconds, rounded up: a sub-second limit still reads as "1 s".
+            secs: limit.as_secs() + u64::from(limit.subsec_nanos() > 0),
+        }),
+    }
 }
 
 /// Why an environment cannot be built or restored.
@@ -188,6 +229,10 @@ impl Tool for WithPolicy {
 
     async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         self.inner.call(args, ctx).await
+    }
+
+    fn own_time_limit(&self) -> Option<Duration> {
+        self.inner.own_time_limit()
     }
 }
 

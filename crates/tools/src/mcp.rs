@@ -4,7 +4,7 @@
 //! Results and tool lists are read through their JSON form rather than the SDK's Rust types,
 //! which keeps this adapter small and tolerant of protocol additions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,26 +75,88 @@ pub struct McpServer {
     name: String,
     client: Mutex<Option<RunningService<RoleClient, ()>>>,
     call_timeout: Duration,
-    /// The last lines the server wrote to stderr, quoted when it fails.
-    stderr_tail: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    stderr: StderrTail,
 }
 
-/// Lines of server stderr kept for error messages.
+/// Lines of server stderr kept for error messages, and the longest line kept.
 const STDERR_LINES: usize = 5;
+const STDERR_LINE_BYTES: usize = 1000;
+/// How long a failure waits for the server's stderr to reach its end before quoting it.
+const STDERR_SETTLE: Duration = Duration::from_secs(2);
 
+/// The last lines a server wrote to stderr, quoted when it fails (Python's "No module named
+/// …", a missing configuration file, ...).
+struct StderrTail {
+    lines: Arc<std::sync::Mutex<VecDeque<String>>>,
+    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl StderrTail {
+    fn start(stderr: Option<tokio::process::ChildStderr>) -> Self {
+        let lines = Arc::new(std::sync::Mutex::new(VecDeque::new()));
+        let reader = stderr.map(|stderr| tokio::spawn(keep_tail(stderr, Arc::clone(&lines))));
+        Self {
+            lines,
+            reader: Mutex::new(reader),
+        }
+    }
+
+    /// `"; its last stderr line: …"`, or nothing if it wrote none. A server that just died
+    /// may still have its last words in the pipe: this first waits, briefly, for the reader
+    /// to reach the end of its stderr.
+    async fn last_line_note(&self) -> String {
+        let mut reader = self.reader.lock().await;
+        if let Some(handle) = reader.as_mut()
+            && tokio::time::timeout(STDERR_SETTLE, handle).await.is_ok()
+        {
+            *reader = None;
+        }
+        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines
+            .back()
+            .map(|line| format!("; its last stderr line: {line}"))
+            .unwrap_or_default()
+    }
+}
+
+/// Keeps the last non-blank lines of `stderr`, each cut to `STDERR_LINE_BYTES`, whatever the
+/// server writes (a line without end does not grow memory).
 async fn keep_tail(
     stderr: tokio::process::ChildStderr,
-    tail: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    tail: Arc<std::sync::Mutex<VecDeque<String>>>,
 ) {
     use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    let push = |line: &[u8]| {
+        let text = String::from_utf8_lossy(line).trim().to_owned();
+        if text.is_empty() {
+            return;
+        }
         let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
         if tail.len() == STDERR_LINES {
             tail.pop_front();
         }
-        tail.push_back(line);
+        tail.push_back(text);
+    };
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok(chunk) if !chunk.is_empty() => chunk,
+            _ => break,
+        };
+        let (end, complete) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        let room = STDERR_LINE_BYTES.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..end.min(room)]);
+        reader.consume(if complete { end + 1 } else { end });
+        if complete {
+            push(&line);
+            line.clear();
+        }
     }
+    push(&line);
 }
 
 /// What a server offers, mapped to skillstate tools.
@@ -126,35 +188,33 @@ impl McpServer {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| spawn_error(e.to_string()))?;
-        let stderr_tail = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
-        if let Some(stderr) = stderr {
-            tokio::spawn(keep_tail(stderr, Arc::clone(&stderr_tail)));
-        }
+        let stderr = StderrTail::start(stderr);
         let start_timeout = Duration::from_secs(config.start_timeout_secs.max(1));
         let timeout = |during: &str| McpError::Timeout {
             server: name.to_owned(),
             seconds: start_timeout.as_secs(),
             during: during.to_owned(),
         };
-        let client = tokio::time::timeout(start_timeout, ().serve(transport))
-            .await
-            .map_err(|_| timeout("initialisation"))?
-            .map_err(|e| McpError::Protocol {
-                server: name.to_owned(),
-                message: format!("initialisation failed: {e}"),
-            })?;
-        let listed = tokio::time::timeout(start_timeout, client.list_all_tools())
-            .await
-            .map_err(|_| timeout("tools/list"))?
-            .map_err(|e| McpError::Protocol {
-                server: name.to_owned(),
-                message: format!("tools/list failed: {e}"),
-            })?;
+        // A server that dies while starting usually says why on stderr: quote it.
+        let failed = async |what: &str, error: String| McpError::Protocol {
+            server: name.to_owned(),
+            message: format!("{what} failed: {error}{}", stderr.last_line_note().await),
+        };
+        let client = match tokio::time::timeout(start_timeout, ().serve(transport)).await {
+            Err(_) => return Err(timeout("initialisation")),
+            Ok(Err(e)) => return Err(failed("initialisation", e.to_string()).await),
+            Ok(Ok(client)) => client,
+        };
+        let listed = match tokio::time::timeout(start_timeout, client.list_all_tools()).await {
+            Err(_) => return Err(timeout("tools/list")),
+            Ok(Err(e)) => return Err(failed("tools/list", e.to_string()).await),
+            Ok(Ok(listed)) => listed,
+        };
         let server = Arc::new(McpServer {
             name: name.to_owned(),
             client: Mutex::new(Some(client)),
             call_timeout: Duration::from_secs(config.timeout_secs.max(1)),
-            stderr_tail,
+            stderr,
         });
         let tools = listed
             .iter()
@@ -282,6 +342,10 @@ impl Tool for McpTool {
         &self.spec
     }
 
+    fn own_time_limit(&self) -> Option<Duration> {
+        Some(self.server.call_timeout)
+    }
+
     async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let failed = |message: String| ToolError::Failed {
             tool: self.spec.name.clone(),
@@ -310,15 +374,7 @@ impl Tool for McpTool {
             Ok(Err(error)) => {
                 let message = match error {
                     rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_) => {
-                        let tail = self
-                            .server
-                            .stderr_tail
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner());
-                        let last = tail
-                            .back()
-                            .map(|l| format!("; its last stderr line: {l}"))
-                            .unwrap_or_default();
+                        let last = self.server.stderr.last_line_note().await;
                         format!(
                             "the MCP server `{}` closed the connection (crashed or exited){last}",
                             self.server.name

@@ -47,33 +47,57 @@ async fn path_escapes_are_refused() {
     let tools = fs_tools(&WorkDir::new(&f.root).unwrap());
     let read = tool(&tools, "fs.read");
     let write = tool(&tools, "fs.write");
-    // (tool, path, allowed)
-    let cases: [(&dyn Tool, &str, bool); 14] = [
-        (read, "notes.txt", true),
-        (read, "./sub/../notes.txt", true),
-        (read, "in_link", true),
-        (read, "../outside/secret.txt", false),
-        (read, "sub/../../outside/secret.txt", false),
-        (read, "/etc/passwd", false),
-        (read, "~/.bashrc", false),
-        (read, "out_file", false),
-        (read, "out_dir/secret.txt", false),
-        (write, "new.txt", true),
-        (write, "../escape.txt", false),
-        (write, "out_dir/planted.txt", false),
-        (write, "dangling", false),
-        (write, "/tmp/skillstate-escape.txt", false),
+    const ABSOLUTE: &str = "is absolute; paths are relative to the work directory";
+    const ABOVE: &str = "leaves the work directory (`..` above its root)";
+    // (tool, path, None if allowed, else what the refusal says after the quoted path)
+    let cases: [(&dyn Tool, &str, Option<&str>); 14] = [
+        (read, "notes.txt", None),
+        (read, "./sub/../notes.txt", None),
+        (read, "in_link", None),
+        (read, "../outside/secret.txt", Some(ABOVE)),
+        (read, "sub/../../outside/secret.txt", Some(ABOVE)),
+        (read, "/etc/passwd", Some(ABSOLUTE)),
+        (read, "~/.bashrc", Some(ABSOLUTE)),
+        (
+            read,
+            "out_file",
+            Some("leads outside the work directory through the symlink `out_file`"),
+        ),
+        (
+            read,
+            "out_dir/secret.txt",
+            Some("leads outside the work directory through the symlink `out_dir`"),
+        ),
+        (write, "new.txt", None),
+        (write, "../escape.txt", Some(ABOVE)),
+        (
+            write,
+            "out_dir/planted.txt",
+            Some("leads outside the work directory through the symlink `out_dir`"),
+        ),
+        (
+            write,
+            "dangling",
+            Some("leads outside the work directory through the symlink `dangling`"),
+        ),
+        (write, "/tmp/skillstate-escape.txt", Some(ABSOLUTE)),
     ];
-    for (tool, path, allowed) in cases {
+    for (tool, path, refusal) in cases {
         let args = if tool.spec().name == "fs.write" {
             json!({"path": path, "content": "x"})
         } else {
             json!({"path": path})
         };
         let out = call(tool, args).await;
-        assert_eq!(out.ok, allowed, "{} {path}: {}", tool.spec().name, out.text);
-        if !allowed {
-            assert!(out.text.starts_with("Error:"), "{}", out.text);
+        assert_eq!(
+            out.ok,
+            refusal.is_none(),
+            "{} {path}: {}",
+            tool.spec().name,
+            out.text
+        );
+        if let Some(refusal) = refusal {
+            assert_eq!(out.text, format!("Error: `{path}` {refusal}"));
             assert!(!out.text.contains("flag{outside}"));
         }
     }

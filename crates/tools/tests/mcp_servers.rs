@@ -248,3 +248,52 @@ async fn a_server_that_hangs_crashes_or_answers_garbage_never_hangs_the_task() {
         "{missing}"
     );
 }
+
+/// A server that dies while starting says why on stderr; the start-up error quotes it, as a
+/// failed call does.
+#[tokio::test]
+async fn a_server_that_dies_during_start_up_is_quoted_from_its_stderr() {
+    let cases = [
+        (
+            config("python3", &["-c", "import no_such_module_xyz"]),
+            "its last stderr line: ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        ),
+        (
+            config(
+                "sh",
+                &[
+                    "-c",
+                    "echo 'starting up' >&2; echo 'fatal: cannot open /etc/demo.conf' >&2; echo >&2; exit 3",
+                ],
+            ),
+            "its last stderr line: fatal: cannot open /etc/demo.conf",
+        ),
+        (
+            // Reads the initialize request, says why it gives up, and exits without answering.
+            config(
+                "sh",
+                &[
+                    "-c",
+                    "read line; echo \"unsupported client, bye\" >&2; exit 1",
+                ],
+            ),
+            "its last stderr line: unsupported client, bye",
+        ),
+    ];
+    for (config, expected) in cases {
+        let error = tokio::time::timeout(
+            Duration::from_secs(120),
+            McpServer::start("broken", &config),
+        )
+        .await
+        .expect("start-up gave up on its own")
+        .err()
+        .expect("a server that exits at start does not start");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("MCP server `broken`: initialisation failed:"),
+            "{message}"
+        );
+        assert!(message.contains(expected), "{message}");
+    }
+}

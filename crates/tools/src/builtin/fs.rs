@@ -1,18 +1,30 @@
 //! `fs.read`, `fs.write`, `fs.list`, `fs.search`: file access confined to a work directory.
+//!
+//! Every operation goes through the work directory's handle (see `confine.rs`), reads and
+//! writes regular files only, and runs on the blocking thread pool: a slow disk or a stuck
+//! system call never blocks the async runtime, and when the caller stops waiting (a timeout
+//! drops the call) the work notices and stops at its next chunk.
 
-use std::io::Read;
+mod paging;
+mod search;
+
+use std::io::{self, Write};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::fs::{Dir, OpenOptions};
 use serde_json::{Value, json};
 use skillstate_core::{SideEffect, ToolSpec};
 
-use super::confine::WorkDir;
+use super::confine::{WorkDir, kind_name, not_regular, refusal};
 use crate::{CallContext, Tool, ToolError, ToolOutput};
 
-/// Largest file `fs.read` returns whole; longer ones need `offset`/`limit`.
-const MAX_READ_BYTES: u64 = 256 * 1024;
-const MAX_SEARCH_HITS: usize = 200;
+/// Entries `fs.list` reads from one directory, and how many it shows.
+const MAX_LIST_SCAN: usize = 100_000;
+const MAX_LIST_SHOWN: usize = 1_000;
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -45,7 +57,7 @@ fn spec(op: Op) -> ToolSpec {
     let (name, description, schema, side_effect) = match op {
         Op::Read => (
             "fs.read",
-            "Read a text file. Optional `offset` (first line, 1-based) and `limit` (number of lines).",
+            "Read a text file. Optional `offset` (first line, 1-based) and `limit` (number of lines). One answer holds at most 256 KiB; a longer file or range ends with a marker giving the `offset` to continue from.",
             json!({"type": "object", "properties": {"path": path, "offset": {"type": "integer", "minimum": 1}, "limit": {"type": "integer", "minimum": 1}}, "required": ["path"], "additionalProperties": false}),
             SideEffect::ReadOnly,
         ),
@@ -82,6 +94,28 @@ fn text_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str)
 }
 
+/// Set when the caller stopped waiting; long loops check it between chunks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub(crate) fn check(&self) -> io::Result<()> {
+        if self.0.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the caller stopped waiting"));
+        }
+        Ok(())
+    }
+}
+
+/// Cancels when dropped, i.e. when the call's future is dropped (finished or timed out).
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.0.store(true, Ordering::Relaxed);
+    }
+}
+
 #[async_trait]
 impl Tool for FsTool {
     fn spec(&self) -> &ToolSpec {
@@ -89,12 +123,21 @@ impl Tool for FsTool {
     }
 
     async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
-        let result = match self.op {
-            Op::Read => self.read(args),
-            Op::Write => self.write(args),
-            Op::List => self.list(args),
-            Op::Search => self.search(args),
-        };
+        let guard = CancelOnDrop(Cancel::default());
+        let cancel = guard.0.clone();
+        let (op, root, args) = (self.op, self.root.clone(), args.clone());
+        let result = tokio::task::spawn_blocking(move || match op {
+            Op::Read => read(&root, &args, &cancel),
+            Op::Write => write(&root, &args),
+            Op::List => list(&root, &args, &cancel),
+            Op::Search => search::search(&root, &args, &cancel),
+        })
+        .await
+        .map_err(|e| ToolError::Failed {
+            tool: self.spec.name.clone(),
+            message: format!("the file operation stopped unexpectedly: {e}"),
+        })?;
+        drop(guard);
         Ok(match result {
             Ok(text) => ToolOutput::success(text),
             Err(text) => ToolOutput::failure(format!("Error: {text}")),
@@ -102,132 +145,130 @@ impl Tool for FsTool {
     }
 }
 
-impl FsTool {
-    fn read(&self, args: &Value) -> Result<String, String> {
-        let relative = text_arg(args, "path").unwrap_or_default();
-        let path = self.root.resolve(relative, true)?;
-        if path.is_dir() {
-            return Err(format!("`{relative}` is a directory; use fs.list"));
-        }
-        let mut bytes = Vec::new();
-        std::fs::File::open(&path)
-            .and_then(|f| f.take(MAX_READ_BYTES + 1).read_to_end(&mut bytes))
-            .map_err(|e| format!("`{relative}`: {e}"))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("`{relative}` is not a UTF-8 text file"))?;
-        let offset = args
-            .get("offset")
-            .and_then(Value::as_u64)
-            .unwrap_or(1)
-            .max(1) as usize;
-        let limit = args
-            .get("limit")
-            .and_then(Value::as_u64)
-            .map(|l| l as usize);
-        if offset == 1 && limit.is_none() {
-            if text.len() as u64 > MAX_READ_BYTES {
-                return Err(format!(
-                    "`{relative}` is larger than {MAX_READ_BYTES} bytes; read it in parts with offset and limit"
-                ));
-            }
-            return Ok(text);
-        }
-        let lines: Vec<&str> = text
-            .lines()
-            .skip(offset - 1)
-            .take(limit.unwrap_or(usize::MAX))
-            .collect();
-        Ok(lines.join("\n"))
-    }
+fn read(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<String, String> {
+    let given = text_arg(args, "path").unwrap_or_default();
+    let located = root.locate(given, false)?;
+    let (file, _) = root.open_regular(&located, given)?;
+    let page = paging::Page {
+        offset: args.get("offset").and_then(Value::as_u64),
+        limit: args.get("limit").and_then(Value::as_u64),
+    };
+    paging::read(file, given, page, paging::MAX_READ_BYTES, cancel)
+}
 
-    fn write(&self, args: &Value) -> Result<String, String> {
-        let relative = text_arg(args, "path").unwrap_or_default();
-        let content = text_arg(args, "content").unwrap_or_default();
-        let path = self.root.resolve(relative, false)?;
-        if path.is_dir() {
-            return Err(format!("`{relative}` is a directory"));
+/// Writes through the handle of the target's directory: a temporary file created there
+/// (`O_EXCL`, so never through a symlink), then renamed over the target — readers see the old
+/// or the new content, never a half-written file, and a symlink swapped in for the target is
+/// replaced, not followed. The target's permission bits are kept.
+fn write(root: &WorkDir, args: &Value) -> Result<String, String> {
+    let given = text_arg(args, "path").unwrap_or_default();
+    let content = text_arg(args, "content").unwrap_or_default();
+    let located = root.locate(given, true)?;
+    let Some(name) = located.file_name().filter(|_| located != Path::new(".")) else {
+        return Err(format!(
+            "`{given}` names the work directory itself, not a file"
+        ));
+    };
+    let parent = match located.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let dir = root
+        .dir()
+        .open_dir(parent)
+        .map_err(|e| refusal(given, &e))?;
+    let permissions = match dir.symlink_metadata(name) {
+        Ok(meta) => {
+            not_regular(given, &meta.file_type())?;
+            Some(meta.permissions())
         }
-        std::fs::write(&path, content).map_err(|e| format!("`{relative}`: {e}"))?;
-        Ok(format!(
-            "wrote {} bytes to {}",
-            content.len(),
-            self.root.display(&path)
-        ))
-    }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(refusal(given, &e)),
+    };
+    replace_atomically(&dir, Path::new(name), content.as_bytes(), permissions)
+        .map_err(|e| refusal(given, &e))?;
+    Ok(format!(
+        "wrote {} bytes to {}",
+        content.len(),
+        located.display()
+    ))
+}
 
-    fn list(&self, args: &Value) -> Result<String, String> {
-        let relative = text_arg(args, "path").unwrap_or(".");
-        let path = self.root.resolve(relative, true)?;
-        let mut entries: Vec<String> = std::fs::read_dir(&path)
-            .map_err(|e| format!("`{relative}`: {e}"))?
-            .filter_map(Result::ok)
-            .map(|entry| {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                match entry.metadata() {
-                    Ok(m) if m.is_dir() => format!("{name}/"),
-                    Ok(m) => format!("{name} ({} bytes)", m.len()),
-                    Err(_) => name,
-                }
-            })
-            .collect();
-        entries.sort();
-        if entries.is_empty() {
-            return Ok(format!("{} is empty", self.root.display(&path)));
+fn replace_atomically(
+    dir: &Dir,
+    name: &Path,
+    content: &[u8],
+    permissions: Option<cap_std::fs::Permissions>,
+) -> io::Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let temp = format!(
+        ".{}.skillstate-{}-{}.tmp",
+        name.display(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut options = OpenOptions::new();
+    options
+        .write(true)
+        .create_new(true)
+        .follow(FollowSymlinks::No);
+    let mut file = dir.open_with(&temp, &options)?;
+    let written = (|| {
+        file.write_all(content)?;
+        if let Some(permissions) = permissions {
+            file.set_permissions(permissions)?;
         }
-        Ok(entries.join("\n"))
+        file.sync_all()?;
+        dir.rename(&temp, dir, name)
+    })();
+    if written.is_err() {
+        let _ = dir.remove_file_or_symlink(&temp);
     }
+    written
+}
 
-    fn search(&self, args: &Value) -> Result<String, String> {
-        let needle = text_arg(args, "text").unwrap_or_default();
-        let relative = text_arg(args, "path").unwrap_or(".");
-        let start = self.root.resolve(relative, true)?;
-        let mut hits = Vec::new();
-        self.search_in(&start, needle, &mut hits, 0);
-        if hits.is_empty() {
-            return Ok(format!("no line contains `{needle}`"));
+fn list(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<String, String> {
+    let given = text_arg(args, "path").unwrap_or(".");
+    let located = root.locate(given, false)?;
+    let dir = root.dir().open_dir(&located).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotADirectory {
+            format!("`{given}` is not a directory; use fs.read for a file")
+        } else {
+            refusal(given, &e)
         }
-        let more = hits.len() >= MAX_SEARCH_HITS;
-        let mut text = hits.join("\n");
-        if more {
-            text.push_str(&format!("\n[stopped after {MAX_SEARCH_HITS} matches]"));
+    })?;
+    let mut entries = Vec::new();
+    let mut more_unread = false;
+    for entry in dir.entries().map_err(|e| refusal(given, &e))? {
+        cancel.check().map_err(|e| refusal(given, &e))?;
+        if entries.len() == MAX_LIST_SCAN {
+            more_unread = true;
+            break;
         }
-        Ok(text)
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        entries.push(match entry.file_type() {
+            Ok(kind) if kind.is_dir() => format!("{name}/"),
+            Ok(kind) if kind.is_file() => match entry.metadata() {
+                Ok(meta) => format!("{name} ({} bytes)", meta.len()),
+                Err(_) => name,
+            },
+            Ok(kind) => format!("{name} ({})", kind_name(&kind)),
+            Err(_) => name,
+        });
     }
-
-    fn search_in(&self, path: &Path, needle: &str, hits: &mut Vec<String>, depth: usize) {
-        if hits.len() >= MAX_SEARCH_HITS || depth > 16 {
-            return;
-        }
-        // Symlinks are not followed while walking: they could lead out of the root.
-        let Ok(meta) = std::fs::symlink_metadata(path) else {
-            return;
-        };
-        if meta.is_dir() {
-            let Ok(entries) = std::fs::read_dir(path) else {
-                return;
-            };
-            let mut children: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
-            children.sort();
-            for child in children {
-                self.search_in(&child, needle, hits, depth + 1);
-            }
-        } else if meta.is_file() && meta.len() <= MAX_READ_BYTES {
-            let Ok(text) = std::fs::read_to_string(path) else {
-                return;
-            };
-            for (number, line) in text.lines().enumerate() {
-                if line.contains(needle) {
-                    hits.push(format!(
-                        "{}:{}: {}",
-                        self.root.display(path),
-                        number + 1,
-                        line.trim()
-                    ));
-                    if hits.len() >= MAX_SEARCH_HITS {
-                        return;
-                    }
-                }
-            }
-        }
+    if entries.is_empty() {
+        return Ok(format!("{} is empty", located.display()));
     }
+    entries.sort();
+    let total = entries.len();
+    entries.truncate(MAX_LIST_SHOWN);
+    let mut text = entries.join("\n");
+    if total > MAX_LIST_SHOWN || more_unread {
+        let counted = if more_unread { "at least " } else { "" };
+        text.push_str(&format!(
+            "\n[fs.list: showing the first {MAX_LIST_SHOWN} of {counted}{total} entries; use fs.search or a subdirectory to narrow down]"
+        ));
+    }
+    Ok(text)
 }
