@@ -182,13 +182,6 @@ fn show_prompt_footer_stands_apart_from_the_prompt() {
 fn user_errors_are_clear_and_exit_non_zero() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("skillstate.db");
-    let missing = skillstate(&db, &["show", "0123abcd"]);
-    assert_eq!(missing.status.code(), Some(1));
-    assert!(
-        text(&missing.stderr).contains("no task matches `0123abcd`"),
-        "{}",
-        text(&missing.stderr)
-    );
 
     let no_script = skillstate(
         &db,
@@ -239,6 +232,15 @@ fn user_errors_are_clear_and_exit_non_zero() {
         text(&run.stdout).contains("exhausted after 3 output(s)"),
         "{}",
         text(&run.stdout)
+    );
+
+    // The database exists now (the failed task is in it); an unknown id is named.
+    let missing = skillstate(&db, &["show", "0123abcd"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("no task matches `0123abcd`"),
+        "{}",
+        text(&missing.stderr)
     );
 }
 
