@@ -64,7 +64,17 @@ enum Command {
     Show(commands::show::ShowArgs),
 }
 
+/// Makes this process non-dumpable, before any thread or child exists: its /proc entries
+/// (environ with the API keys, mem, fds) then belong to root and cannot be read or ptraced
+/// by other processes of the same user, such as an unconfined shell command or an MCP server.
+fn protect_process() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    nix::sys::prctl::set_dumpable(false).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    let protected = protect_process();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -73,6 +83,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(error) = protected {
+        tracing::debug!("cannot make the process non-dumpable: {error}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use skillstate_core::skill::SkillSettings;
-use skillstate_tools::builtin::{ShellTool, WorkDir, fs_tools};
+use skillstate_tools::builtin::{Sandbox, ShellTool, WorkDir, fs_tools};
 use skillstate_tools::mcp::McpServer;
 use skillstate_tools::{Tool, WithPolicy};
 
@@ -68,7 +68,11 @@ pub async fn build(settings: &SkillSettings, work_dir: &Path, config: &Config) -
             );
         }
         if wants(settings, "shell") {
-            tools.push(Arc::new(ShellTool::new(root, settings.tools.shell.clone())));
+            tools.push(Arc::new(ShellTool::with_sandbox(
+                root,
+                settings.tools.shell.clone(),
+                Sandbox::new(config.tools.sandbox_config()),
+            )));
         }
     }
     let mut servers = Vec::new();

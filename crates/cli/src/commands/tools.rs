@@ -2,10 +2,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
+use skillstate_tools::builtin::Sandbox;
 
 use super::{load_skill, world_for};
 use crate::config::load_config;
 use crate::render::Table;
+use crate::toolbox;
 
 #[derive(clap::Args)]
 pub struct ToolsArgs {
@@ -16,7 +18,8 @@ pub struct ToolsArgs {
     work_dir: Option<PathBuf>,
 }
 
-/// Starts the skill's tool sources (MCP servers included), lists what they offer, stops them.
+/// Starts the skill's tool sources (MCP servers included), lists what they offer, stops them;
+/// says how `shell.exec` is confined (or why it will refuse to run).
 pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode> {
     let skill = load_skill(&args.skill)?;
     let config = load_config(config_path)?;
@@ -52,5 +55,16 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
         ]);
     }
     print!("{}", table.render());
+    if tools.iter().any(|tool| tool.spec().name == "shell.exec") {
+        let settings = skill.settings();
+        let work_dir = toolbox::work_dir(settings, Some(&args.skill), args.work_dir.as_deref())?;
+        let sandbox = Sandbox::new(config.tools.sandbox_config());
+        println!(
+            "shell.exec sandbox: {}",
+            sandbox
+                .describe(&work_dir, settings.tools.shell.network)
+                .await
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
