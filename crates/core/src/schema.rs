@@ -82,17 +82,26 @@ impl StateSchema {
         }
         // The guard runs before the validator is built, so nothing ever evaluates a schema it
         // refuses.
-        let defects = match SchemaGraph::build(&document) {
-            Ok(graph) => crate::schema_guard::check(&graph),
-            Err(defects) => defects,
+        let (defects, bare_ifs) = match SchemaGraph::build(&document) {
+            Ok(graph) => (crate::schema_guard::check(&graph), bare_ifs(&graph)),
+            Err(defects) => (defects, Vec::new()),
         };
         if !defects.is_empty() {
             return Err(defects);
         }
+        // The validator skips an `if` that has neither `then` nor `else`, and with it the
+        // annotations (`readOnly` among them) the specification collects from it. `"then":
+        // true` changes no validation outcome and makes the validator evaluate it.
+        let mut evaluated = document.clone();
+        for pointer in bare_ifs {
+            if let Some(Value::Object(map)) = evaluated.pointer_mut(&pointer) {
+                map.insert("then".into(), Value::Bool(true));
+            }
+        }
         let validator = jsonschema::options()
             .with_draft(jsonschema::Draft::Draft202012)
             .with_pattern_options(jsonschema::PatternOptions::regex())
-            .build(&document)
+            .build(&evaluated)
             .map_err(|error| {
                 let instance_path = error.instance_path().to_string();
                 vec![SchemaDefect {
@@ -237,6 +246,20 @@ impl StateSchema {
         }
         found
     }
+}
+
+/// Pointers of the subschemas that have `if` but neither `then` nor `else`.
+fn bare_ifs(graph: &SchemaGraph<'_>) -> Vec<String> {
+    graph
+        .nodes
+        .iter()
+        .filter(|node| {
+            node.schema.get("if").is_some()
+                && node.schema.get("then").is_none()
+                && node.schema.get("else").is_none()
+        })
+        .map(|node| node.pointer.clone())
+        .collect()
 }
 
 /// `true` when some object in `document` has `"readOnly": true`.

@@ -86,12 +86,7 @@ impl<'a> SchemaGraph<'a> {
             .retrieve_known_draft_meta_schemas(false)
             .add(ROOT_URI, document)
             .and_then(|builder| builder.prepare())
-            .map_err(|error| {
-                vec![SchemaDefect {
-                    pointer: String::new(),
-                    message: format!("the schema's references cannot be indexed: {error}"),
-                }]
-            })?;
+            .map_err(|error| indexing_defects(&pointers, &error.to_string()))?;
         let root_base = Arc::new(Uri::parse(ROOT_URI.to_owned()).map_err(|_| {
             vec![SchemaDefect {
                 pointer: String::new(),
@@ -360,6 +355,34 @@ impl<'a> Builder<'a> {
             }
         }
     }
+}
+
+/// Why the registry could not index the document: most likely a `$ref` to another document,
+/// which is named where it is (in document order); otherwise the registry's own words.
+fn indexing_defects(
+    pointers: &HashMap<*const Value, (String, &Value)>,
+    error: &str,
+) -> Vec<SchemaDefect> {
+    let mut defects: Vec<SchemaDefect> = pointers
+        .values()
+        .filter_map(|(pointer, value)| {
+            let reference = value.get("$ref").or_else(|| value.get("$dynamicRef"))?.as_str()?;
+            (!reference.starts_with('#')).then(|| SchemaDefect {
+                pointer: format!("{pointer}/$ref"),
+                message: format!(
+                    "\"{reference}\" refers outside this schema document ({error}); a state schema must be self-contained: copy what it needs under \"$defs\" and refer to \"#/$defs/NAME\""
+                ),
+            })
+        })
+        .collect();
+    defects.sort_by(|a, b| a.pointer.cmp(&b.pointer));
+    if defects.is_empty() {
+        defects.push(SchemaDefect {
+            pointer: String::new(),
+            message: format!("the schema's references cannot be indexed: {error}"),
+        });
+    }
+    defects
 }
 
 /// The JSON pointer of every value in `document`, by address.
