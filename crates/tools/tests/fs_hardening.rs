@@ -275,9 +275,14 @@ fn fifos_sockets_and_devices_are_refused_promptly() {
         }
         let whole = call(&tools, "fs.search", json!({"text": "findme"})).await;
         let listing = call(&tools, "fs.list", json!({})).await;
-        (outputs, whole, listing)
+        let list_pipe = call(&tools, "fs.list", json!({"path": "pipe"})).await;
+        (outputs, whole, listing, list_pipe)
     });
-    let (outputs, whole, listing) = outputs;
+    let (outputs, whole, listing, list_pipe) = outputs;
+    assert_eq!(
+        list_pipe.text,
+        "Error: `pipe` is not a directory; use fs.read for a file"
+    );
     for (name, tool, out) in &outputs {
         assert!(!out.ok, "{tool} {name} must be refused: {}", out.text);
         let expected = match *name {

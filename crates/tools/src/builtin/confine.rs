@@ -73,7 +73,7 @@ impl WorkDir {
     /// may not exist yet (a file about to be created); its directory must.
     ///
     /// The answer is read through the handle but is only advice: open it through the handle
-    /// (`dir()`, [`open_regular`]), never by path from outside.
+    /// (`dir()`, [`open_regular`](Self::open_regular)), never by path from outside.
     pub fn locate(&self, given: &str, may_be_missing: bool) -> Result<PathBuf, String> {
         let mut pending: VecDeque<Part> = lexical(given)?.into_iter().map(Part::Name).collect();
         let mut resolved = PathBuf::new();
