@@ -75,7 +75,7 @@ const ETC_FOR_NETWORK: [&str; 10] = [
 /// Size of the private /tmp (a tmpfs: it takes memory).
 pub const TMP_BYTES: u64 = 512 * 1024 * 1024;
 /// Longest the start-up check of bwrap may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How `shell.exec` commands are confined; the first use checks that bubblewrap works here
 /// and remembers the answer (clones share it).

@@ -14,8 +14,12 @@ use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::time::Instant;
 
 use super::confine::WorkDir;
-use super::sandbox::{Sandbox, SandboxMode};
+use super::sandbox::{PROBE_TIMEOUT, Sandbox, SandboxMode};
 use crate::{CallContext, Tool, ToolError, ToolOutput};
+
+/// The longest timeout honoured (skill.toml's range for `timeout_secs`); a larger one set in
+/// code is cut to it rather than overflowing a deadline.
+const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 /// After a kill, how long the call still waits for the process to be reaped and for the
 /// output already written to be read.
@@ -64,6 +68,12 @@ impl ShellTool {
             settings,
             sandbox,
         }
+    }
+}
+
+impl ShellTool {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.settings.timeout_secs.clamp(1, MAX_TIMEOUT_SECS))
     }
 }
 
@@ -188,6 +198,12 @@ impl Tool for ShellTool {
         &self.spec
     }
 
+    /// The command's timeout plus what may come around it: the first call's check of the
+    /// sandbox and the kill-and-drain steps after a timeout.
+    fn own_time_limit(&self) -> Option<Duration> {
+        Some(self.timeout() + PROBE_TIMEOUT + AFTER_KILL * 3)
+    }
+
     async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let command = args
             .get("command")
@@ -222,7 +238,7 @@ impl Tool for ShellTool {
         let child = process
             .spawn()
             .map_err(|e| failed(format!("cannot start the shell: {e}")))?;
-        let timeout = Duration::from_secs(self.settings.timeout_secs.max(1));
+        let timeout = self.timeout();
         let ended = run_bounded(
             child,
             self.settings.max_output_bytes,
