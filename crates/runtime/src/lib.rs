@@ -15,6 +15,6 @@ pub use error::RuntimeError;
 pub use frame::rebuild_prompt;
 pub use lease::LeasePolicy;
 pub use lineage::{JournalCheck, fork_task, verify_journal};
-pub use recovery::is_retryable;
+pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
 pub use step_loop::{NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, start_task};

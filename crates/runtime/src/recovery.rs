@@ -20,10 +20,7 @@ const RETRYABLE: &[&str] = &["provider", "rejected"];
 /// Checks, cheaply, that the journal can carry the task on: accepted steps form one unbroken
 /// run up to the task's version (from step 1, or from the snapshot gc left), and the last one
 /// recorded the hash of the stored current state. Errors name the first step that is wrong.
-pub(crate) async fn check_continuity(
-    store: &dyn Store,
-    task: &TaskRecord,
-) -> Result<(), RuntimeError> {
+pub async fn check_continuity(store: &dyn Store, task: &TaskRecord) -> Result<(), RuntimeError> {
     let corrupt = |step: u64, message: String| StoreError::Corrupt {
         task: task.id.clone(),
         step,

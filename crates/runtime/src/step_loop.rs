@@ -1,7 +1,7 @@
 //! The runner: drives one task through its steps, committing each accepted step atomically.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
@@ -17,7 +17,10 @@ use skillstate_store::{
     ActionResult, JournalEntry, NewIntent, NewTask, StepCommit, Store, TaskRecord, TaskStatus,
     Verdict,
 };
-use skillstate_tools::{CallContext, Environment, Tool, ToolOutput, failpoint, find_tool};
+use skillstate_tools::{
+    CallContext, DEFAULT_CALL_LIMIT, Environment, Tool, ToolOutput, call_bounded, failpoint,
+    find_tool,
+};
 
 use crate::RuntimeError;
 use crate::frame::{TaskFrame, load_turns, rejections_of};
@@ -129,6 +132,8 @@ pub struct Runner<'a> {
     /// Secret values (the model's key, the operator's secrets) replaced in every answer,
     /// result and outcome before it is validated, stored or shown.
     secrets: Redactor,
+    /// The longest any tool call may take (a tool's own, longer limit wins).
+    tool_limit: Duration,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -160,8 +165,15 @@ impl<'a> Runner<'a> {
             lease_policy: LeasePolicy::default(),
             lease: None,
             secrets: Redactor::new(model.secret_values()),
+            tool_limit: DEFAULT_CALL_LIMIT,
             model,
         }
+    }
+
+    /// The longest a tool call may take before it becomes a "timed out" observation.
+    pub fn with_tool_limit(mut self, limit: Duration) -> Self {
+        self.tool_limit = limit;
+        self
     }
 
     /// Also keeps these secret values out of everything the runner stores.
@@ -576,7 +588,16 @@ impl<'a> Runner<'a> {
         let Some(tool) = find_tool(env_tools, name) else {
             return ToolOutput::failure(format!("Error: tool {name} is not available."));
         };
-        match tool.call(args, &CallContext::new(task, step)).await {
+        // Every call is bounded: a tool stuck on a pipe, a device or a hung server becomes an
+        // error observation instead of a step that never ends.
+        match call_bounded(
+            tool.as_ref(),
+            args,
+            &CallContext::new(task, step),
+            self.tool_limit,
+        )
+        .await
+        {
             Ok(output) => output,
             Err(error) => ToolOutput::failure(format!("Error: {error}")),
         }

@@ -8,7 +8,7 @@ use serde_json::Value;
 use skillstate_core::json::{state_hash, text_hash};
 use skillstate_core::{Action, Rejection, count_tokens};
 use skillstate_providers::Usage;
-use skillstate_runtime::rebuild_prompt;
+use skillstate_runtime::{check_continuity, rebuild_prompt};
 use skillstate_store::{IntentRecord, JournalEntry, Store, TaskRecord, Verdict, state_at};
 
 use crate::config::{CONFIG_FILE, Config, load_config};
@@ -35,7 +35,7 @@ pub struct ShowArgs {
 
 pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result<ExitCode> {
     let config = load_config(config_path)?;
-    let store = skillstate_store::open(db).await?;
+    let store = crate::config::open_existing(db).await?;
     let task = store.task(&args.task).await?;
     if let (Some(step), true) = (args.step, args.observation) {
         let text = store
@@ -166,8 +166,28 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
     let mut table = Table::new(&[
         "STEP", "PROMPT", "OUTPUT", "USAGE", "MS", "ACTION", "PATCH", "RESULT", "VERDICT",
     ]);
+    // Every step the task claims is listed: one whose rows are gone shows as missing instead
+    // of silently disappearing from the table.
+    // (Steps up to the snapshot gc left were compacted on purpose and are not listed.)
+    let compacted = store.journal_extent(&task.id).await?.base.unwrap_or(0);
+    for step in compacted + 1..=task.version {
+        by_step.entry(step).or_default();
+    }
     for (step, answers) in &by_step {
-        let last = answers.last().context("journal step without entries")?;
+        let Some(last) = answers.last() else {
+            table.row(vec![
+                step.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "MISSING from the journal".into(),
+            ]);
+            continue;
+        };
         let accepted = answers.iter().find(|e| e.verdict == Verdict::Accepted);
         let shown = accepted.unwrap_or(last);
         let rejected_here = answers
@@ -213,6 +233,11 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         "PROMPT and OUTPUT are o200k_base tokens counted locally; USAGE is what the provider reported (input/output)."
     );
 
+    let broken = check_continuity(store, task).await.err();
+    if let Some(problem) = &broken {
+        eprintln!("warning: {problem}");
+    }
+
     let rejections: Vec<&JournalEntry> = journal
         .iter()
         .filter(|e| e.verdict == Verdict::Rejected)
@@ -230,7 +255,11 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if broken.is_some() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn usage_cell(usage: Option<&Value>) -> String {

@@ -89,6 +89,7 @@ pub async fn run_warehouse_with(
         context,
         context_budget,
         environment: None,
+        secrets: Default::default(),
     };
     let task = start_task(store.as_ref(), skill, &mut env, &options)
         .await
