@@ -1,5 +1,7 @@
 //! The `skillstate` command: wires the crates together; no logic of its own beyond presentation.
 
+#[macro_use]
+mod term;
 mod commands;
 mod config;
 mod limits;
@@ -76,12 +78,19 @@ fn protect_process() -> Result<(), String> {
 fn main() -> ExitCode {
     let protected = protect_process();
     let cli = Cli::parse();
+    // Known secret values are cleaned from everything printed, logs included. A configuration
+    // that does not load still protects the usual key variables; the command reports the error.
+    let secrets = config::load_config(cli.config.as_deref())
+        .unwrap_or_default()
+        .secrets();
+    term::install_secrets(secrets);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SKILLSTATE_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| term::CleanStderr)
+        .with_ansi(false)
         .init();
     if let Err(error) = protected {
         tracing::debug!("cannot make the process non-dumpable: {error}");
@@ -92,7 +101,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -129,7 +138,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            errln!("error: {error:#}");
             ExitCode::FAILURE
         }
     }

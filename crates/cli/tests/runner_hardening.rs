@@ -479,3 +479,43 @@ async fn secrets_echoed_by_the_model_or_split_by_a_cut_never_reach_the_database_
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_escapes_in_answers_and_results_are_printed_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("skillstate.toml"), "").unwrap();
+    let (skill, script) = warehouse_copy(tmp.path(), 8, 3);
+    let good = std::fs::read_to_string(&script).unwrap();
+    // A tool name and reasoning full of escape sequences (clear screen, window title, 8-bit
+    // CSI, a bidirectional override), rejected as an unknown tool, then the right answers.
+    let hostile = json!({
+        "reasoning": "\u{1b}[2J\u{1b}]0;pwned\u{7}",
+        "state_patch": {},
+        "action": {"tool": "ship\u{1b}[31m\u{9b}1m\u{202e}", "args": {}}
+    });
+    std::fs::write(&script, format!("{}\n{good}", json!(hostile.to_string()))).unwrap();
+    let model = format!("scripted:{}", script.display());
+    let run = cli(
+        tmp.path(),
+        &["run", skill.to_str().unwrap(), "--model", &model],
+    )
+    .await;
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let id = only_task(tmp.path()).await;
+    let show = cli(tmp.path(), &["show", &id]).await;
+    let all = [&run, &show]
+        .iter()
+        .flat_map(|o| [text(&o.stdout), text(&o.stderr)])
+        .collect::<Vec<_>>()
+        .join("\n");
+    for forbidden in ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}'] {
+        assert!(
+            !all.contains(forbidden),
+            "{forbidden:?} reached the terminal:\n{all}"
+        );
+    }
+    assert!(
+        all.contains("ship\\x1b[31m\\x9b1m\\u{202e}"),
+        "the name should be shown escaped:\n{all}"
+    );
+}

@@ -125,11 +125,11 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
     })
     .with_context(|| format!("bench {}", args.environment))?;
     bar.finish_and_clear();
-    print!("{}", report.table());
+    out!("{}", report.table());
     let written = write_outputs(&report, &args.out)?;
-    println!();
+    outln!();
     for path in written {
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

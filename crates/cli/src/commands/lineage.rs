@@ -53,7 +53,7 @@ async fn continue_task(
     let task = store.task(task_ref).await?;
     if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running {
         // Nothing runs: say why and what would, and exit non-zero so scripts notice.
-        println!(
+        outln!(
             "{}",
             outcome_line(&task.id, task.status, task.version, task.outcome.as_ref())
         );
@@ -75,7 +75,7 @@ async fn continue_task(
             }
             TaskStatus::Running => String::new(),
         };
-        eprintln!(
+        errln!(
             "nothing to resume: the task is {}{hint}",
             task.status.as_str()
         );
@@ -102,7 +102,7 @@ async fn continue_task(
     };
     world.shutdown().await;
     let outcome = outcome?;
-    println!(
+    outln!(
         "{}",
         outcome_line(
             &outcome.task_id,
@@ -206,18 +206,20 @@ pub async fn pending(db: &str) -> Result<ExitCode> {
                     .unwrap_or("(no question recorded)")
             )
         };
-        println!(
+        outln!(
             "{}  {}  step {}  waiting for {waiting}",
-            task.id, task.skill.name, task.version
+            task.id,
+            task.skill.name,
+            task.version
         );
         any = true;
     }
     if any {
-        println!(
+        outln!(
             "answer with: skillstate reply <task> \"...\" | approve <task> | reject <task> --reason \"...\""
         );
     } else {
-        println!("no task is waiting");
+        outln!("no task is waiting");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -269,8 +271,8 @@ pub async fn fork(db: &str, config_path: Option<&Path>, args: ForkArgs) -> Resul
     .await;
     world.shutdown().await;
     let fork = fork?;
-    println!("{}", fork.id);
-    eprintln!(
+    outln!("{}", fork.id);
+    errln!(
         "forked task {} at step {} (state hash {}); continue it with: skillstate resume {}",
         parent.id,
         args.step,
@@ -292,18 +294,20 @@ pub async fn replay(db: &str, args: ReplayArgs) -> Result<ExitCode> {
     let check = verify_journal(store.as_ref(), &task).await?;
     match check.mismatch {
         None => {
-            println!(
+            outln!(
                 "task {}: re-derived {} step(s) from the snapshot at step {}; every recorded state hash matches",
-                task.id, check.steps_checked, check.from_step
+                task.id,
+                check.steps_checked,
+                check.from_step
             );
             Ok(ExitCode::SUCCESS)
         }
         Some((step, message)) => {
-            println!(
+            outln!(
                 "task {}: journal mismatch at step {step}: {message}",
                 task.id
             );
-            println!(
+            outln!(
                 "(steps {}..{} verified before it)",
                 check.from_step + 1,
                 step.saturating_sub(1)
@@ -378,7 +382,7 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
             if !args.dry_run {
                 store.delete_task(&summary.id).await?;
             }
-            println!(
+            outln!(
                 "{verb} delete task {} ({}, {} steps)",
                 summary.id,
                 summary.status.map_or("?", TaskStatus::as_str),
@@ -402,14 +406,15 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
             } else {
                 store.compact_task(&summary.id, keep_from, &state).await?
             };
-            println!(
+            outln!(
                 "{verb} compact task {} to steps {keep_from}..{} ({rows} rows removed)",
-                summary.id, summary.version
+                summary.id,
+                summary.version
             );
             compacted += 1;
         }
     }
-    println!("{verb} delete {deleted} task(s) and compact {compacted} journal(s)");
+    outln!("{verb} delete {deleted} task(s) and compact {compacted} journal(s)");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -420,7 +425,10 @@ mod gc_tests {
     #[test]
     fn ages_that_overflow_saturate_instead_of_wrapping() {
         assert_eq!(parse_age("30d"), Ok(30 * 86_400_000));
-        assert_eq!(parse_age("10000000000000000s"), Ok(10_000_000_000_000_000_000));
+        assert_eq!(
+            parse_age("10000000000000000s"),
+            Ok(10_000_000_000_000_000_000)
+        );
         assert_eq!(parse_age("99999999999999999999999d"), Ok(u64::MAX));
         assert_eq!(parse_age("18446744073709551615h"), Ok(u64::MAX));
         for bad in ["", "d", "-5d", "5", "5w", "1.5h"] {

@@ -23,7 +23,7 @@ pub fn load_skill(dir: &Path) -> Result<Skill> {
     let LoadedSkill { skill, warnings } =
         Skill::load(dir).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     for warning in warnings.iter().filter(|w| w.severity == Severity::Warning) {
-        eprintln!("{warning}");
+        errln!("{warning}");
     }
     Ok(skill)
 }

@@ -63,16 +63,16 @@ impl RunObserver for StepPrinter {
             return;
         }
         match result {
-            Ok(accepted) => eprintln!(
+            Ok(accepted) => errln!(
                 "step {step:>4}  prompt {prompt_tokens:>6} tok  {}",
                 accepted.action.summary()
             ),
             Err(rejected) => {
-                eprintln!(
+                errln!(
                     "step {step:>4}  prompt {prompt_tokens:>6} tok  attempt {attempt} rejected:"
                 );
                 for rejection in &rejected.rejections {
-                    eprintln!("            {rejection}");
+                    errln!("            {rejection}");
                 }
             }
         }
@@ -80,7 +80,7 @@ impl RunObserver for StepPrinter {
 
     fn action_done(&mut self, _step: u64, output: &ToolOutput) {
         if !self.quiet && !output.ok {
-            eprintln!("            -> {}", output.text);
+            errln!("            -> {}", output.text);
         }
     }
 }
@@ -113,7 +113,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
     };
     let task = start_task(store.as_ref(), &skill, world.env.as_mut(), &options).await?;
     if !args.quiet {
-        eprintln!("task {} started ({} in {db})", task.id, skill.name());
+        errln!("task {} started ({} in {db})", task.id, skill.name());
     }
     let mut printer = StepPrinter { quiet: args.quiet };
     let outcome = Runner::new(store, model, world.env.as_mut(), &mut printer)
@@ -123,7 +123,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         .await;
     world.shutdown().await;
     let outcome = outcome?;
-    println!(
+    outln!(
         "{}",
         outcome_line(
             &outcome.task_id,
@@ -133,7 +133,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         )
     );
     if !args.quiet {
-        println!("inspect it: skillstate show {}", outcome.task_id);
+        outln!("inspect it: skillstate show {}", outcome.task_id);
     }
     Ok(match outcome.status {
         TaskStatus::Failed => ExitCode::FAILURE,

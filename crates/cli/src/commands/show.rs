@@ -1,5 +1,4 @@
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -13,6 +12,7 @@ use skillstate_store::{IntentRecord, JournalEntry, Store, TaskRecord, Verdict, s
 
 use crate::config::{CONFIG_FILE, Config, load_config};
 use crate::render::{Table, describe_outcome, format_time};
+use crate::term;
 
 #[derive(clap::Args)]
 pub struct ShowArgs {
@@ -42,7 +42,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result
             .observation(&task.id, step)
             .await?
             .with_context(|| format!("task {} has no observation for step {step}", task.id))?;
-        println!("{text}");
+        term::write_exact(&format!("{text}\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
     match (args.step, args.prompt) {
@@ -54,14 +54,14 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result
 
 async fn show_state_at(store: &dyn Store, task: &TaskRecord, step: u64) -> Result<ExitCode> {
     let state = state_at(store, &task.id, step, task.version).await?;
-    println!("{}", serde_json::to_string_pretty(&state)?);
+    outln!("{}", serde_json::to_string_pretty(&state)?);
     let hash = state_hash(&state);
     let note = if step == 0 {
         "initial state".to_owned()
     } else {
         "rebuilt from the journal's patches; matches the hash recorded at this step".to_owned()
     };
-    eprintln!(
+    errln!(
         "state after step {step} of task {}: hash {hash} ({note})",
         task.id
     );
@@ -95,19 +95,17 @@ async fn show_prompt(
     let (prompt, recorded) = rebuild_prompt(store, task, step, attempt).await?;
     let text = prompt.text();
     let rebuilt = text_hash(&text);
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
+    term::write_exact(&text)?;
     // stdout holds the prompt's exact bytes (their SHA-256 is the recorded one). What follows
     // goes to stderr after a blank line, so that in a terminal or a merged log it stands apart
     // from the prompt's last line instead of reading as part of it.
-    eprint!("{}", if text.ends_with('\n') { "\n" } else { "\n\n" });
+    err!("{}", if text.ends_with('\n') { "\n" } else { "\n\n" });
     if rebuilt != recorded {
         bail!(
             "the rebuilt prompt of step {step} attempt {attempt} does not match what the model received (sha256 {rebuilt} vs recorded {recorded})"
         );
     }
-    eprintln!(
+    errln!(
         "prompt of step {step} attempt {attempt}: {} tokens, sha256 {rebuilt} (byte-identical to the prompt the model received)",
         count_tokens(&text)
     );
@@ -130,34 +128,34 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         Some(outcome) => format!("{} - {}", task.status.as_str(), describe_outcome(outcome)),
         None => task.status.as_str().to_owned(),
     };
-    println!("task     {}", task.id);
-    println!(
+    outln!("task     {}", task.id);
+    outln!(
         "skill    {}  (context {}, model {})",
         task.skill.name,
         task.context.as_str(),
         task.model
     );
     if let Some((parent, step)) = &task.parent {
-        println!("forked   from {parent} at step {step}");
+        outln!("forked   from {parent} at step {step}");
     }
-    println!("status   {status}");
-    println!(
+    outln!("status   {status}");
+    outln!(
         "created  {}   updated {}",
         format_time(task.created_at),
         format_time(task.updated_at)
     );
-    println!(
+    outln!(
         "steps    {} accepted, {rejected} rejected answer(s)",
         task.version
     );
-    println!("tokens   {}", token_summary(&journal, &task.model, config));
-    println!(
+    outln!("tokens   {}", token_summary(&journal, &task.model, config));
+    outln!(
         "state    version {}, hash {}",
         task.version,
         state_hash(&task.state)
     );
-    println!("{}", serde_json::to_string(&task.state)?);
-    println!();
+    outln!("{}", serde_json::to_string(&task.state)?);
+    outln!();
 
     let mut by_step: BTreeMap<u64, Vec<&JournalEntry>> = BTreeMap::new();
     for entry in &journal {
@@ -228,14 +226,14 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
             verdict,
         ]);
     }
-    print!("{}", table.render());
-    println!(
+    out!("{}", table.render());
+    outln!(
         "PROMPT and OUTPUT are o200k_base tokens counted locally; USAGE is what the provider reported (input/output)."
     );
 
     let broken = check_continuity(store, task).await.err();
     if let Some(problem) = &broken {
-        eprintln!("warning: {problem}");
+        errln!("warning: {problem}");
     }
 
     let rejections: Vec<&JournalEntry> = journal
@@ -243,7 +241,7 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         .filter(|e| e.verdict == Verdict::Rejected)
         .collect();
     if !rejections.is_empty() {
-        println!("\nrejected answers:");
+        outln!("\nrejected answers:");
         for entry in rejections {
             let errors: Vec<Rejection> = entry
                 .errors
@@ -251,7 +249,7 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
                 .and_then(|e| serde_json::from_value(e.clone()).ok())
                 .unwrap_or_default();
             for error in errors {
-                println!("  step {} attempt {}: {error}", entry.step, entry.attempt);
+                outln!("  step {} attempt {}: {error}", entry.step, entry.attempt);
             }
         }
     }

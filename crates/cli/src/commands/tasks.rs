@@ -8,7 +8,7 @@ pub async fn run(db: &str) -> Result<ExitCode> {
     let store = crate::config::open_existing(db).await?;
     let tasks = store.list_tasks().await?;
     if tasks.is_empty() {
-        println!("no tasks in {db}; start one with `skillstate run <skill> --model ...`");
+        outln!("no tasks in {db}; start one with `skillstate run <skill> --model ...`");
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = Table::new(&["TASK", "SKILL", "STATUS", "STEPS", "MODEL", "UPDATED"]);
@@ -28,6 +28,6 @@ pub async fn run(db: &str) -> Result<ExitCode> {
             format_time(task.updated_at),
         ]);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     Ok(ExitCode::SUCCESS)
 }

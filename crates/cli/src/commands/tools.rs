@@ -36,7 +36,7 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
     world.shutdown().await;
     let tools = skillstate_runtime::select_tools(&available, &skill.settings().tools)?;
     if tools.is_empty() {
-        println!(
+        outln!(
             "skill `{}` uses no tools besides finish and ask_user",
             skill.name()
         );
@@ -54,12 +54,12 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
             schema,
         ]);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     if tools.iter().any(|tool| tool.spec().name == "shell.exec") {
         let settings = skill.settings();
         let work_dir = toolbox::work_dir(settings, Some(&args.skill), args.work_dir.as_deref())?;
         let sandbox = Sandbox::new(config.tools.sandbox_config());
-        println!(
+        outln!(
             "shell.exec sandbox: {}",
             sandbox
                 .describe(&work_dir, settings.tools.shell.network)

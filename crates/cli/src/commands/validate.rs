@@ -14,19 +14,19 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
         Ok(loaded) => loaded,
         Err(errors) => {
             for problem in &errors.problems {
-                println!("{problem}");
+                outln!("{problem}");
             }
             let count = errors
                 .problems
                 .iter()
                 .filter(|p| p.severity == Severity::Error)
                 .count();
-            println!("{}: {count} error(s)", dir.display());
+            outln!("{}: {count} error(s)", dir.display());
             return Ok(ExitCode::FAILURE);
         }
     };
     for warning in &loaded.warnings {
-        println!("{warning}");
+        outln!("{warning}");
     }
     let skill = loaded.skill;
     let settings = skill.settings();
@@ -36,21 +36,21 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
             let env = match skillstate_envs::build_environment(environment) {
                 Ok(env) => env,
                 Err(error) => {
-                    println!("error: {}: {error}", skill_toml.display());
+                    outln!("error: {}: {error}", skill_toml.display());
                     return Ok(ExitCode::FAILURE);
                 }
             };
             let selected = match select_tools(&env.tools(), &settings.tools) {
                 Ok(selected) => selected,
                 Err(error) => {
-                    println!("error: {}: {error}", skill_toml.display());
+                    outln!("error: {}: {error}", skill_toml.display());
                     return Ok(ExitCode::FAILURE);
                 }
             };
             if let Err(error) =
                 ToolCatalog::new(selected.iter().map(|t| t.spec().clone()).collect())
             {
-                println!("error: {}: {error}", skill_toml.display());
+                outln!("error: {}: {error}", skill_toml.display());
                 return Ok(ExitCode::FAILURE);
             }
             selected.iter().map(|t| t.spec().name.clone()).collect()
@@ -77,7 +77,7 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
             }
             if !problems.is_empty() {
                 for problem in problems {
-                    println!("error: {}: {problem}", skill_toml.display());
+                    outln!("error: {}: {problem}", skill_toml.display());
                 }
                 return Ok(ExitCode::FAILURE);
             }
@@ -90,7 +90,7 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
         .as_ref()
         .map(|e| e.kind.clone())
         .unwrap_or_else(|| "none (the task input is the first observation)".into());
-    println!(
+    outln!(
         "ok: skill `{}` is valid\n  tools: {}\n  environment: {environment}\n  state budget: {} tokens, observation budget: {} tokens",
         skill.name(),
         if names.is_empty() {
