@@ -170,7 +170,7 @@ async fn symlink_swap_races_never_leak_or_write_outside() {
     ];
     let (mut iterations, mut allowed) = (0u64, 0u64);
     // Enough iterations and enough swaps that a check-then-open window is hit many times over.
-    while iterations < 400 || swapper.rounds() < 3000 {
+    while iterations < 1000 || swapper.rounds() < 5000 {
         for (name, args) in &calls {
             let out = call(&tools, name, args.clone()).await;
             assert!(

@@ -71,17 +71,11 @@ pub(super) fn read(
         // A single line longer than the whole cap: show its start.
         let cut = utf8_prefix(&line[..room], number, given)?;
         out.extend_from_slice(&line[..cut]);
-        if !line.ends_with(b"\n") {
-            next_line(&mut reader, None, cancel).map_err(io_error)?;
-        }
-        let more = !reader.fill_buf().map_err(io_error)?.is_empty();
+        // The rest of that line is not scanned here (it may be huge, even endless in effect):
+        // the next line, if there is one, is simply the next offset.
         marker = Some(format!(
-            "[fs.read: line {number} is longer than {cap} bytes; only its first {cut} bytes are shown{}]",
-            if more {
-                format!("; continue with offset={}", number + 1)
-            } else {
-                String::new()
-            }
+            "[fs.read: line {number} is longer than {cap} bytes; only its first {cut} bytes are shown; the next line, if any, is offset={}]",
+            number + 1
         ));
         break;
     }
