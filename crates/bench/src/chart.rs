@@ -15,6 +15,8 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(148, 103, 189),
 ];
 
+/// Only completed runs are drawn: a failed run's prompts stop where it failed. A strategy
+/// without a completed run has an empty line and says so in the legend.
 pub fn prompt_chart(report: &BenchReport, path: &Path) -> Result<(), String> {
     let Some(&horizon) = report.config.horizons.iter().max() else {
         return Err("no horizons".into());
@@ -27,7 +29,8 @@ pub fn prompt_chart(report: &BenchReport, path: &Path) -> Result<(), String> {
             .runs
             .iter()
             .filter(|r| {
-                r.spec.horizon == horizon
+                r.completed()
+                    && r.spec.horizon == horizon
                     && r.spec.noise == noise
                     && r.spec.drift == drift
                     && r.spec.strategy == strategy
@@ -43,7 +46,12 @@ pub fn prompt_chart(report: &BenchReport, path: &Path) -> Result<(), String> {
                 )
             })
             .collect();
-        lines.push((strategy.as_str().to_owned(), points));
+        let name = if series.is_empty() {
+            format!("{} (no completed run)", strategy.as_str())
+        } else {
+            strategy.as_str().to_owned()
+        };
+        lines.push((name, points));
     }
     let max_y = lines
         .iter()

@@ -61,6 +61,13 @@ pub struct RunResult {
     pub wall_ms: u64,
 }
 
+impl RunResult {
+    /// Whether the run's task completed (its episode ended or the model finished).
+    pub fn completed(&self) -> bool {
+        self.status == TaskStatus::Completed.as_str()
+    }
+}
+
 /// The shared inputs of every run of one bench.
 pub struct JobContext {
     pub skill: Skill,

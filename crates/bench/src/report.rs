@@ -10,18 +10,28 @@ use crate::job::RunResult;
 use crate::stats::{LinearFit, MeanSd, linear_fit, mean_sd};
 
 /// The runs of one strategy at one (horizon, noise, drift), aggregated over seeds.
+///
+/// The score averages every run (a failed run scores the events it handled before it stopped).
+/// Token figures average only the `token_runs` runs that committed at least one step, and are
+/// `None` when none did: a run that never ran has no prompt size to average.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Group {
     pub horizon: u32,
     pub noise: u32,
     pub drift: Option<String>,
     pub strategy: ContextStrategy,
+    /// Runs in the group (one per seed).
     pub seeds: usize,
+    /// Runs whose task completed; the others failed (see each run's `failure`).
+    pub completed: usize,
+    /// Runs that committed at least one step: the token figures average over these.
+    pub token_runs: usize,
     pub score: MeanSd,
-    pub prompt_mean: MeanSd,
-    pub prompt_max: MeanSd,
-    pub total_tokens: MeanSd,
+    pub prompt_mean: Option<MeanSd>,
+    pub prompt_max: Option<MeanSd>,
+    pub total_tokens: Option<MeanSd>,
     pub rejected_answers: u64,
+    /// Over the runs that reached a drift reveal; `None` when none did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_steps: Option<MeanSd>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -81,6 +91,17 @@ impl BenchReport {
             .map(|((horizon, noise, drift, strategy), runs)| {
                 let values =
                     |f: &dyn Fn(&RunResult) -> f64| runs.iter().map(|r| f(r)).collect::<Vec<f64>>();
+                let stepped: Vec<&RunResult> =
+                    runs.iter().copied().filter(|r| r.steps > 0).collect();
+                let over_stepped = |f: &dyn Fn(&RunResult) -> f64| {
+                    let values: Vec<f64> = stepped.iter().map(|r| f(r)).collect();
+                    (!values.is_empty()).then(|| mean_sd(&values))
+                };
+                let recoveries: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|r| r.recovery_steps)
+                    .map(|steps| steps as f64)
+                    .collect();
                 let has_drift = drift.is_some();
                 Group {
                     horizon,
@@ -88,13 +109,15 @@ impl BenchReport {
                     drift,
                     strategy,
                     seeds: runs.len(),
+                    completed: runs.iter().filter(|r| r.completed()).count(),
+                    token_runs: stepped.len(),
                     score: mean_sd(&values(&|r| r.score)),
-                    prompt_mean: mean_sd(&values(&|r| r.prompt_mean)),
-                    prompt_max: mean_sd(&values(&|r| r.prompt_max as f64)),
-                    total_tokens: mean_sd(&values(&|r| r.total_tokens as f64)),
+                    prompt_mean: over_stepped(&|r| r.prompt_mean.unwrap_or(0.0)),
+                    prompt_max: over_stepped(&|r| r.prompt_max as f64),
+                    total_tokens: over_stepped(&|r| r.total_tokens as f64),
                     rejected_answers: runs.iter().map(|r| r.rejected_answers).sum(),
-                    recovery_steps: has_drift
-                        .then(|| mean_sd(&values(&|r| r.recovery_steps.unwrap_or(0) as f64))),
+                    recovery_steps: (has_drift && !recoveries.is_empty())
+                        .then(|| mean_sd(&recoveries)),
                     recovered_runs: has_drift
                         .then(|| runs.iter().filter(|r| r.recovered == Some(true)).count()),
                     wall_ms_mean: mean_sd(&values(&|r| r.wall_ms as f64)).mean,
@@ -114,7 +137,7 @@ impl BenchReport {
                 }
             })
             .collect();
-        let scaling = scaling(&config, &runs, &groups);
+        let scaling = scaling(&config, &runs);
         Self {
             config,
             groups,
@@ -230,6 +253,10 @@ impl BenchReport {
             out.push_str(&line(row));
             out.push('\n');
         }
+        if let Some(note) = failure_note(&self.groups) {
+            out.push('\n');
+            out.push_str(&note);
+        }
         if !self.scaling.is_empty() {
             out.push_str(&self.scaling_text(false));
         }
@@ -299,6 +326,10 @@ impl BenchReport {
         for row in rows {
             out.push_str(&format!("| {} |\n", row.join(" | ")));
         }
+        if let Some(note) = failure_note(&self.groups) {
+            out.push('\n');
+            out.push_str(&note);
+        }
         out.push_str(&self.scaling_text(true));
         out.push_str(&format!(
             "\nRuns: {} ({} horizon(s) × {} noise level(s) × {} drift condition(s) × {} seed(s) × {} strategies). \
@@ -324,16 +355,19 @@ impl BenchReport {
     }
 }
 
+/// Shown instead of a token figure when no run of the cell committed a step.
+const NO_FIGURE: &str = "—";
+
 fn cell(g: &Group) -> String {
-    let mut text = format!(
-        "{:.2}±{:.2} / {}±{} / {}±{}",
-        g.score.mean,
-        g.score.sd,
-        thousands(g.prompt_mean.mean),
-        thousands(g.prompt_mean.sd),
-        compact(g.total_tokens.mean),
-        compact(g.total_tokens.sd)
-    );
+    let prompt = g
+        .prompt_mean
+        .map(|m| format!("{}±{}", thousands(m.mean), thousands(m.sd)))
+        .unwrap_or_else(|| NO_FIGURE.to_owned());
+    let total = g
+        .total_tokens
+        .map(|m| format!("{}±{}", compact(m.mean), compact(m.sd)))
+        .unwrap_or_else(|| NO_FIGURE.to_owned());
+    let mut text = format!("{:.2}±{:.2} / {prompt} / {total}", g.score.mean, g.score.sd);
     if let Some(input) = g.provider_input_tokens {
         text.push_str(&format!(
             " / provider {}+{}",
@@ -344,13 +378,31 @@ fn cell(g: &Group) -> String {
     if let Some(cost) = g.cost_usd {
         text.push_str(&format!(" / ${cost:.4}"));
     }
-    if let (Some(recovery), Some(recovered)) = (g.recovery_steps, g.recovered_runs) {
-        text.push_str(&format!(
-            " / rec {:.1} ({recovered}/{})",
-            recovery.mean, g.seeds
-        ));
+    if let Some(recovered) = g.recovered_runs {
+        let recovery = g
+            .recovery_steps
+            .map(|r| format!("{:.1}", r.mean))
+            .unwrap_or_else(|| NO_FIGURE.to_owned());
+        text.push_str(&format!(" / rec {recovery} ({recovered}/{})", g.seeds));
+    }
+    if g.completed < g.seeds {
+        text.push_str(&format!(" ({}/{} ok)", g.completed, g.seeds));
     }
     text
+}
+
+/// The note under a table whose cells include failed runs; `None` when every run completed.
+fn failure_note(groups: &[Group]) -> Option<String> {
+    let runs: usize = groups.iter().map(|g| g.seeds).sum();
+    let failed: usize = groups.iter().map(|g| g.seeds - g.completed).sum();
+    (failed > 0).then(|| {
+        format!(
+            "{failed} of {runs} runs failed. (k/n ok): k of the cell's n runs completed; the others failed\n\
+             (results.json gives each run's status and reason). Scores count every run, a failed run\n\
+             scoring the events it handled before it stopped; token figures average only the runs that\n\
+             committed at least one step ({NO_FIGURE} when none did).\n"
+        )
+    })
 }
 
 /// `12,345`
@@ -378,8 +430,9 @@ pub fn compact(value: f64) -> String {
     }
 }
 
-/// Scaling fits for the largest horizon of the first noise level without drift.
-fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Scaling> {
+/// Scaling fits for the largest horizon of the first noise level without drift, over the runs
+/// that completed (a failed run's prompts stop early and its totals cover part of the run).
+fn scaling(config: &BenchConfig, runs: &[RunResult]) -> Vec<Scaling> {
     let Some(&horizon) = config.horizons.iter().max() else {
         return Vec::new();
     };
@@ -396,7 +449,8 @@ fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Sc
             let series: Vec<&Vec<u64>> = runs
                 .iter()
                 .filter(|r| {
-                    r.spec.horizon == horizon
+                    r.completed()
+                        && r.spec.horizon == horizon
                         && r.spec.noise == noise
                         && r.spec.strategy == strategy
                 })
@@ -411,24 +465,18 @@ fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Sc
                 .map(|i| series.iter().map(|s| s[i] as f64).sum::<f64>() / series.len() as f64)
                 .collect();
             let fit = linear_fit(&xs, &ys);
-            let totals: Vec<(f64, f64)> = groups
+            let mean_totals = completed_totals(runs, strategy, noise);
+            let totals: Vec<(f64, f64)> = mean_totals
                 .iter()
-                .filter(|g| g.strategy == strategy && g.noise == noise && g.drift.is_none())
-                .map(|g| (f64::from(g.horizon).ln(), g.total_tokens.mean.max(1.0).ln()))
+                .map(|&(horizon, total)| (f64::from(horizon).ln(), total.max(1.0).ln()))
                 .collect();
             let total_tokens_exponent = (totals.len() >= 2).then(|| {
                 let (lx, ly): (Vec<f64>, Vec<f64>) = totals.into_iter().unzip();
                 linear_fit(&lx, &ly).slope
             });
-            let per_horizon: Vec<(f64, f64)> = groups
+            let per_horizon: Vec<(f64, f64)> = mean_totals
                 .iter()
-                .filter(|g| g.strategy == strategy && g.noise == noise && g.drift.is_none())
-                .map(|g| {
-                    (
-                        f64::from(g.horizon),
-                        g.total_tokens.mean / f64::from(g.horizon.max(1)),
-                    )
-                })
+                .map(|&(horizon, total)| (f64::from(horizon), total / f64::from(horizon.max(1))))
                 .collect();
             let total_tokens_quadratic = (per_horizon.len() >= 2).then(|| {
                 let (t, per_step): (Vec<f64>, Vec<f64>) = per_horizon.into_iter().unzip();
@@ -447,6 +495,26 @@ fn scaling(config: &BenchConfig, runs: &[RunResult], groups: &[Group]) -> Vec<Sc
                 total_tokens_quadratic,
             })
         })
+        .collect()
+}
+
+/// Mean total tokens per run of the completed runs without drift, per horizon (ascending).
+fn completed_totals(runs: &[RunResult], strategy: ContextStrategy, noise: u32) -> Vec<(u32, f64)> {
+    let mut by_horizon: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    for run in runs.iter().filter(|r| {
+        r.completed()
+            && r.spec.strategy == strategy
+            && r.spec.noise == noise
+            && r.spec.drift.is_none()
+    }) {
+        by_horizon
+            .entry(run.spec.horizon)
+            .or_default()
+            .push(run.total_tokens as f64);
+    }
+    by_horizon
+        .into_iter()
+        .map(|(horizon, totals)| (horizon, mean_sd(&totals).mean))
         .collect()
 }
 
