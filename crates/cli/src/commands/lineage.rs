@@ -394,6 +394,17 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
         if let Some(keep) = args.keep_last
             && summary.version > keep
         {
+            // A task another process is driving keeps its journal until that run ends.
+            if let Some(lease) = store.lease(&summary.id).await?
+                && lease.expires_at > now
+            {
+                outln!(
+                    "skipped task {}: it is being run by {}",
+                    summary.id,
+                    lease.holder
+                );
+                continue;
+            }
             let keep_from = summary.version - keep + 1;
             let base = keep_from - 1;
             let state = match state_at(store.as_ref(), &summary.id, base, summary.version).await {
