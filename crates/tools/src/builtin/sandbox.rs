@@ -3,15 +3,20 @@
 //! An external launcher, because the runtime is multi-threaded (a user namespace cannot be
 //! unshared by a threaded process) and `unsafe` is forbidden. Inside the sandbox a command sees
 //! the work directory read-write; an allow-list of system paths needed to run programs
-//! read-only; a private /tmp; a fresh /proc of its own PID namespace (no other process, so no
-//! other process's environment); a minimal /dev; no network unless the skill allows it; no
-//! capabilities and no nested user namespaces. bwrap is its PID 1: when the command's shell
-//! exits, PID 1 exits and the kernel kills everything left in the namespace, however it
-//! detached (`&`, `setsid`, `nohup`). `--die-with-parent` does the same when the runtime kills
-//! bwrap (timeout) or dies itself (SIGKILL).
+//! read-only; a private /tmp; a fresh, read-only /proc of its own PID namespace (no other
+//! process, so no other process's environment); a minimal /dev; no network unless the skill
+//! allows it; no capabilities and no nested user namespaces.
 //!
-//! bwrap is started with an empty environment plus the skill's `env_allow` variables: its
-//! PID 1 keeps the environment it was started with, readable at /proc/1/environ inside.
+//! The command's shell is PID 1 of the namespace (`--as-pid-1`): when it exits, the kernel
+//! kills everything left in the namespace, however it detached (`&`, `setsid`, `nohup`), and
+//! bwrap only returns once the shell is reaped — which the kernel allows only after every
+//! other process of the namespace is gone. (With bwrap's own init as PID 1, bwrap returned
+//! as soon as the shell exited, while the rest was still being killed.) `--die-with-parent`
+//! kills the shell, and so the namespace, when the runtime kills bwrap (timeout) or dies
+//! itself (SIGKILL).
+//!
+//! bwrap is started with an empty environment plus the skill's `env_allow` variables, which
+//! is all the sandbox can read at /proc/1/environ.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -59,8 +64,9 @@ const ETC_TO_RUN: [&str; 5] = [
     "alternatives",
     "localtime",
 ];
-/// What name resolution and TLS need, bound only when the skill allows the network.
-const ETC_FOR_NETWORK: [&str; 10] = [
+/// What name resolution and TLS need, bound only when the skill allows the network (the CA
+/// certificates, not /etc/ssl/private).
+const ETC_FOR_NETWORK: [&str; 11] = [
     "resolv.conf",
     "hosts",
     "host.conf",
@@ -68,7 +74,8 @@ const ETC_FOR_NETWORK: [&str; 10] = [
     "gai.conf",
     "services",
     "protocols",
-    "ssl",
+    "ssl/certs",
+    "ssl/openssl.cnf",
     "ca-certificates",
     "ca-certificates.conf",
 ];
@@ -221,6 +228,7 @@ fn bwrap_args(work_dir: Option<&Path>, network: bool, read_paths: &[PathBuf]) ->
         "--cap-drop".as_ref(),
         "ALL".as_ref(),
         "--die-with-parent".as_ref(),
+        "--as-pid-1".as_ref(),
         "--new-session".as_ref(),
         "--hostname".as_ref(),
         "sandbox".as_ref(),
@@ -250,8 +258,13 @@ fn bwrap_args(work_dir: Option<&Path>, network: bool, read_paths: &[PathBuf]) ->
         push(&["--ro-bind".as_ref(), path.as_os_str(), path.as_os_str()]);
     }
     let size = TMP_BYTES.to_string();
+    // /proc read-only as a whole: a runtime started as root runs commands as the host's uid 0
+    // (without capabilities), which the kernel still lets write sysctls and other root-owned
+    // /proc files; read-only closes all of them at once.
     push(&[
         "--proc".as_ref(),
+        "/proc".as_ref(),
+        "--remount-ro".as_ref(),
         "/proc".as_ref(),
         "--dev".as_ref(),
         "/dev".as_ref(),
@@ -379,6 +392,7 @@ mod tests {
         assert!(!args.iter().any(|a| a == "--share-net"));
         assert!(!args.iter().any(|a| a.contains("passwd") || a == "/etc"));
         assert!(!args.iter().any(|a| a.contains("resolv.conf")));
+        assert!(position("--proc", "/proc") < position("--remount-ro", "/proc"));
     }
 
     #[test]
@@ -386,5 +400,11 @@ mod tests {
         let args = strings(&bwrap_args(Some(Path::new("/srv/p")), true, &[]));
         assert!(args.iter().any(|a| a == "--share-net"));
         assert!(args.iter().any(|a| a == "/etc/resolv.conf"));
+        assert!(args.iter().any(|a| a == "/etc/ssl/certs"));
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "/etc/ssl" || a.contains("private"))
+        );
     }
 }

@@ -169,8 +169,8 @@ async fn run_bounded(mut child: Child, cap: usize, timeout: Duration, confined: 
     .await
     .is_ok();
     if !finished {
-        // Under bwrap, killing it kills its PID 1 (`--die-with-parent`), which ends the
-        // whole PID namespace.
+        // Under bwrap, killing it kills the shell, PID 1 of the sandbox (`--die-with-parent`),
+        // which ends the whole PID namespace.
         if !confined {
             kill_group(pid).await;
         }
@@ -229,7 +229,7 @@ impl Tool for ShellTool {
             // Its own process group, so that a timeout kills what it started in it too.
             process.process_group(0);
         }
-        // bwrap's PID 1 keeps this environment too: nothing but the allowed variables.
+        // bwrap and the sandbox get nothing but the allowed variables.
         for name in &self.settings.env_allow {
             if let Ok(value) = std::env::var(name) {
                 process.env(name, value);
