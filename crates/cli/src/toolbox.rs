@@ -68,11 +68,14 @@ pub async fn build(settings: &SkillSettings, work_dir: &Path, config: &Config) -
             );
         }
         if wants(settings, "shell") {
-            tools.push(Arc::new(ShellTool::with_sandbox(
-                root,
-                settings.tools.shell.clone(),
-                Sandbox::new(config.tools.sandbox_config()),
-            )));
+            tools.push(Arc::new(
+                ShellTool::with_sandbox(
+                    root,
+                    settings.tools.shell.clone(),
+                    Sandbox::new(config.tools.sandbox_config()),
+                )
+                .withholding(config.secrets()),
+            ));
         }
     }
     let mut servers = Vec::new();

@@ -140,9 +140,10 @@ fn the_runtime_api_key_reaches_neither_the_journal_nor_the_output() {
     let db = tmp.path().join("skillstate.db");
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
+    // A hostile skill also asks for the key variable itself.
     let skill = shell_skill(
         tmp.path(),
-        "timeout_secs = 30\nenv_allow = [\"PATH\", \"LANG\"]",
+        "timeout_secs = 30\nenv_allow = [\"PATH\", \"LANG\", \"OPENAI_API_KEY\"]",
     );
     let model = script(tmp.path(), &STEAL);
     let secret = format!("sk-proj-sandbox-e2e-{}-5ec7e7", std::process::id());
@@ -303,6 +304,30 @@ fn skillstate_tools_says_how_shell_commands_are_confined() {
     assert!(
         line.contains("shell.exec sandbox: OFF (sandbox = \"off\" in skillstate.toml)"),
         "{line}"
+    );
+
+    let hostile = shell_skill(
+        &tmp.path().join("hostile"),
+        "env_allow = [\"PATH\", \"OPENAI_API_KEY\"]",
+    );
+    let listed = text(
+        &command(
+            &db,
+            &[
+                "tools",
+                hostile.to_str().unwrap(),
+                "--work-dir",
+                work.to_str().unwrap(),
+            ],
+        )
+        .env("OPENAI_API_KEY", "sk-listed-but-withheld-123")
+        .output()
+        .unwrap()
+        .stdout,
+    );
+    assert!(
+        listed.contains("shell.exec withholds OPENAI_API_KEY from commands"),
+        "{listed}"
     );
 
     let missing = tmp.path().join("missing.toml");

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use skillstate_core::secrets::Redactor;
 use skillstate_tools::builtin::{Sandbox, ShellSettings, ShellTool, WorkDir};
 use skillstate_tools::{CallContext, Tool, ToolError, ToolOutput};
 
@@ -118,7 +119,8 @@ fn spawn_child(mode: &str, work: &Path, marker: &str, secret: Option<&str>) -> s
     if let Some(secret) = secret {
         command
             .env("OPENAI_API_KEY", secret)
-            .env("SKILLSTATE_TEST_SECRET", secret);
+            .env("SKILLSTATE_TEST_SECRET", secret)
+            .env("SKILLSTATE_TEST_PLAIN", "plain-value-4711");
     }
     command.spawn().unwrap()
 }
@@ -148,6 +150,25 @@ async fn child_process_entry() {
                 let out = run(&shell, &command).await;
                 println!("=== {command}\n{}", out.text);
             }
+            // A hostile skill lists the key variables in env_allow: their values are withheld.
+            let secret = std::env::var("OPENAI_API_KEY").unwrap();
+            let hostile = ShellTool::with_sandbox(
+                &WorkDir::new(&work).unwrap(),
+                ShellSettings {
+                    env_allow: vec![
+                        "PATH".into(),
+                        "OPENAI_API_KEY".into(),
+                        "SKILLSTATE_TEST_SECRET".into(),
+                        "SKILLSTATE_TEST_PLAIN".into(),
+                    ],
+                    ..settings(20, false)
+                },
+                Sandbox::default(),
+            )
+            .withholding(Redactor::new([secret]));
+            println!("=== withheld {:?}", hostile.withheld_variables());
+            let out = run(&hostile, "env; cat /proc/1/environ").await;
+            println!("=== env_allow\n{}", out.text);
         }
         "sigkill" => {
             let shell = sandboxed(&work, settings(600, false));
@@ -171,13 +192,21 @@ fn secrets_in_the_runtime_environment_are_unreachable_from_commands() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     // The commands did run and saw the allowed environment.
-    assert_eq!(stdout.matches("=== ").count(), 6, "{stdout}");
+    assert_eq!(stdout.matches("=== ").count(), 8, "{stdout}");
     assert!(stdout.contains("PATH="), "{stdout}");
+    assert!(
+        stdout.contains(r#"=== withheld ["OPENAI_API_KEY", "SKILLSTATE_TEST_SECRET"]"#),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("SKILLSTATE_TEST_PLAIN=plain-value-4711"),
+        "variables that hold no secret still pass: {stdout}"
+    );
     assert!(
         !stdout.contains(&secret) && !stderr.contains(&secret),
         "the secret leaked:\n{stdout}\n{stderr}"
     );
-    assert!(!stdout.contains("SKILLSTATE_TEST_SECRET"), "{stdout}");
+    assert!(!stdout.contains("SKILLSTATE_TEST_SECRET="), "{stdout}");
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
-use skillstate_tools::builtin::Sandbox;
+use skillstate_tools::builtin::{Sandbox, ShellTool, WorkDir};
 
 use super::{load_skill, world_for};
 use crate::config::load_config;
@@ -65,6 +65,19 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
                 .describe(&work_dir, settings.tools.shell.network)
                 .await
         );
+        let shell = ShellTool::with_sandbox(
+            &WorkDir::new(&work_dir).map_err(anyhow::Error::msg)?,
+            settings.tools.shell.clone(),
+            sandbox,
+        )
+        .withholding(config.secrets());
+        let withheld = shell.withheld_variables();
+        if !withheld.is_empty() {
+            outln!(
+                "shell.exec withholds {} from commands: env_allow lists them, but their values are secrets (model API keys, [secrets] in skillstate.toml)",
+                withheld.join(", ")
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

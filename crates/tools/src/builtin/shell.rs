@@ -2,11 +2,13 @@
 //! timeout that bounds the whole call (process and output pipes), an output cap and only the
 //! environment variables the skill allows.
 
+use std::borrow::Cow;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use skillstate_core::secrets::Redactor;
 pub use skillstate_core::skill::ShellSettings;
 use skillstate_core::{SideEffect, ToolSpec};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -30,6 +32,7 @@ pub struct ShellTool {
     root: WorkDir,
     settings: ShellSettings,
     sandbox: Sandbox,
+    secrets: Redactor,
 }
 
 impl ShellTool {
@@ -67,7 +70,30 @@ impl ShellTool {
             root: root.clone(),
             settings,
             sandbox,
+            secrets: Redactor::default(),
         }
+    }
+
+    /// Secret values (the runtime's API keys, the operator's `[secrets]`) that never reach a
+    /// command: a variable of `env_allow` whose value holds one is not passed, so a skill
+    /// cannot hand the runtime's key to the commands it runs.
+    pub fn withholding(mut self, secrets: Redactor) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// The `env_allow` variables that are set but withheld because their values are secret.
+    pub fn withheld_variables(&self) -> Vec<String> {
+        self.settings
+            .env_allow
+            .iter()
+            .filter(|name| std::env::var(name).is_ok_and(|value| self.is_secret(&value)))
+            .cloned()
+            .collect()
+    }
+
+    fn is_secret(&self, value: &str) -> bool {
+        matches!(self.secrets.redact(value), Cow::Owned(_))
     }
 }
 
@@ -231,8 +257,11 @@ impl Tool for ShellTool {
         }
         // bwrap and the sandbox get nothing but the allowed variables.
         for name in &self.settings.env_allow {
-            if let Ok(value) = std::env::var(name) {
-                process.env(name, value);
+            match std::env::var(name) {
+                Ok(value) if !self.is_secret(&value) => {
+                    process.env(name, value);
+                }
+                _ => {}
             }
         }
         let child = process
