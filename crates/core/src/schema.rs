@@ -11,6 +11,8 @@
 //! makes the validator report no annotations at all) and no string a model writes can make
 //! validation backtrack for long. Look-around and back-references are refused at compile time.
 
+use std::sync::Mutex;
+
 use serde_json::Value;
 
 use crate::json::escape_token;
@@ -23,7 +25,13 @@ pub struct StateSchema {
     validator: jsonschema::Validator,
     /// `false` when no `"readOnly": true` appears anywhere: read-only checks are skipped.
     has_read_only: bool,
+    /// The last states evaluated for read-only annotations, newest first: a step's state before
+    /// is the previous step's state after, so each state is evaluated once, not twice.
+    recent: Mutex<Vec<(Value, Vec<String>)>>,
 }
+
+/// How many evaluated states `StateSchema` remembers.
+const RECENT_EVALUATIONS: usize = 2;
 
 /// One way an instance fails the schema, located by JSON pointer into the instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +124,7 @@ impl StateSchema {
             document,
             validator,
             has_read_only,
+            recent: Mutex::new(Vec::new()),
         })
     }
 
@@ -171,8 +180,8 @@ impl StateSchema {
         if !self.has_read_only {
             return Vec::new();
         }
-        let mut locations = self.read_only_annotations(before);
-        for location in self.read_only_annotations(after) {
+        let mut locations = self.remembered_annotations(before);
+        for location in self.remembered_annotations(after) {
             if !locations.contains(&location) {
                 locations.push(location);
             }
@@ -197,7 +206,22 @@ impl StateSchema {
         reported
     }
 
-    /// Read-only locations named by the schema's `properties`, for telling the model up front
+    /// `read_only_annotations`, reusing the result for a state evaluated recently.
+    fn remembered_annotations(&self, state: &Value) -> Vec<String> {
+        if let Ok(recent) = self.recent.lock()
+            && let Some((_, found)) = recent.iter().find(|(seen, _)| seen == state)
+        {
+            return found.clone();
+        }
+        let found = self.read_only_annotations(state);
+        if let Ok(mut recent) = self.recent.lock() {
+            recent.insert(0, (state.clone(), found.clone()));
+            recent.truncate(RECENT_EVALUATIONS);
+        }
+        found
+    }
+
+    /// Read-only properties named by the schema's `properties`, for telling the model up front
     /// (enforcement does not use this: see [`StateSchema::changed_read_only_locations`]).
     /// Follows `$ref`s and combinators; visits each subschema a bounded number of times.
     pub fn declared_read_only_properties(&self) -> Vec<String> {
