@@ -48,7 +48,8 @@ impl SettingRange {
         }
     }
 
-    fn matches(&self, path: &[&str]) -> bool {
+    /// Whether this range governs the setting at `path` (its keys from the document root).
+    pub fn matches(&self, path: &[&str]) -> bool {
         let pattern: Vec<&str> = self.key.split('.').collect();
         pattern.len() == path.len()
             && pattern
