@@ -255,7 +255,10 @@ async fn postgres_survives_sigkill_at_every_crash_point() {
     let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     if url == "off" {
-        eprintln!("SKILLSTATE_TEST_POSTGRES_URL=off: skipped");
+        common::skip::skip_test(
+            "SKILLSTATE_TEST_POSTGRES_URL=off",
+            "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
+        );
         return;
     }
     use sqlx::Connection;

@@ -231,8 +231,9 @@ fn approval_survives_a_restart_and_runs_the_action_once() {
 #[test]
 fn the_file_librarian_uses_the_reference_mcp_filesystem_server() {
     if std::env::var("SKILLSTATE_TEST_MCP_FS").is_err() {
-        eprintln!(
-            "skipped: set SKILLSTATE_TEST_MCP_FS (scripts/test installs the MCP test servers)"
+        common::skip::skip_test(
+            "SKILLSTATE_TEST_MCP_FS is not set",
+            "run scripts/test, which installs the MCP test servers and sets it",
         );
         return;
     }

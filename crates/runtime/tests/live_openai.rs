@@ -1,7 +1,8 @@
 //! Opt-in: the warehouse skill against a real OpenAI-compatible server, with and without
-//! constrained output. Set SKILLSTATE_LIVE_BASE_URL (e.g. http://127.0.0.1:18081/v1 from
-//! ../shared/tools/llama-server.sh) and optionally SKILLSTATE_LIVE_MODEL (default `smollm2`),
-//! SKILLSTATE_LIVE_CALLS (default 20). Skipped with a notice when unset.
+//! constrained output. Set SKILLSTATE_LIVE_BASE_URL (e.g. http://127.0.0.1:8080/v1 for a local
+//! llama.cpp `llama-server`, or http://127.0.0.1:11434/v1 for Ollama) and optionally
+//! SKILLSTATE_LIVE_MODEL (default `smollm2`), SKILLSTATE_LIVE_CALLS (default 20). Without it the
+//! test records a visible skip (test-support/skip.rs) that scripts/test lists after the run.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -83,7 +84,10 @@ async fn measure(base_url: &str, model: &str, constrain: Constrain, calls_wanted
 #[tokio::test]
 async fn live_openai_compatible_server() {
     let Ok(base_url) = std::env::var("SKILLSTATE_LIVE_BASE_URL") else {
-        eprintln!("skipped: set SKILLSTATE_LIVE_BASE_URL to run the live provider test");
+        common::skip::skip_test(
+            "SKILLSTATE_LIVE_BASE_URL is not set",
+            "point it at an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1 for Ollama)",
+        );
         return;
     };
     let model = std::env::var("SKILLSTATE_LIVE_MODEL").unwrap_or_else(|_| "smollm2".into());

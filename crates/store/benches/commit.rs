@@ -7,6 +7,9 @@
 //!
 //! Run: `cargo bench -p skillstate-store --bench commit`
 
+#[path = "../../../test-support/skip.rs"]
+mod skip;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,7 +169,11 @@ fn bench(c: &mut Criterion) {
                 pool.close().await;
             });
         }
-        Err(error) => eprintln!("PostgreSQL benchmark skipped: {error}"),
+        Err(error) => skip::skip_part(
+            "the PostgreSQL benchmark",
+            &error.to_string(),
+            "start PostgreSQL or point SKILLSTATE_TEST_POSTGRES_URL at a server",
+        ),
     }
 }
 

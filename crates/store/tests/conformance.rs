@@ -7,6 +7,9 @@
 //! says so; an unreachable server is a test failure, not a silent skip.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../../test-support/skip.rs"]
+mod skip;
+
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Once};
@@ -47,7 +50,11 @@ fn backends() -> Vec<Backend> {
     }
     static NOTICE: Once = Once::new();
     NOTICE.call_once(|| {
-        eprintln!("SKILLSTATE_TEST_POSTGRES_URL=off: the PostgreSQL half of the suite is skipped")
+        skip::skip_part(
+            "the PostgreSQL half of every test",
+            "SKILLSTATE_TEST_POSTGRES_URL=off",
+            "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
+        )
     });
     vec![Backend::Sqlite]
 }

@@ -3,8 +3,12 @@
 //!
 //! `scripts/test` installs the third-party servers and points SKILLSTATE_TEST_MCP_FS (the
 //! server-filesystem entry script) and SKILLSTATE_TEST_MCP_TIME (the mcp-server-time
-//! executable) at them; without them those tests print a notice and pass.
+//! executable) at them; without them those tests record a visible skip (test-support/skip.rs)
+//! that scripts/test lists after the run.
 #![allow(clippy::unwrap_used)]
+
+#[path = "../../../test-support/skip.rs"]
+mod skip;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,7 +35,10 @@ fn installed(var: &str) -> Option<PathBuf> {
     match std::env::var(var) {
         Ok(path) if Path::new(&path).exists() => Some(PathBuf::from(path)),
         _ => {
-            eprintln!("skipped: {var} is not set (scripts/test installs the MCP test servers)");
+            skip::skip_test(
+                &format!("{var} is not set or names no file"),
+                "run scripts/test, which installs the MCP test servers and sets it",
+            );
             None
         }
     }

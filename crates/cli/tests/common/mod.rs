@@ -1,6 +1,10 @@
 //! Helpers for tests that drive the real `skillstate` binary.
 #![allow(dead_code, clippy::unwrap_used)]
 
+/// Visible skips (see test-support/skip.rs): `skip::skip_test(reason, how_to_enable)`.
+#[path = "../../../../test-support/skip.rs"]
+pub mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -2,6 +2,10 @@
 //! scripted model built from answers in the test.
 #![allow(dead_code, clippy::unwrap_used)]
 
+/// Visible skips (see test-support/skip.rs): `skip::skip_test(reason, how_to_enable)`.
+#[path = "../../../../test-support/skip.rs"]
+pub mod skip;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
