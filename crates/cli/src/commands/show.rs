@@ -281,8 +281,15 @@ fn clip(text: &str, max: usize) -> String {
 
 /// Local counts for every model call, the provider's own figures, and the cost estimate.
 fn token_summary(journal: &[JournalEntry], model: &str, config: &Config) -> String {
-    let prompt: u64 = journal.iter().map(|e| e.prompt_tokens).sum();
-    let output: u64 = journal.iter().map(|e| count_tokens(&e.output) as u64).sum();
+    // Saturating: the counts come from the database, which may hold anything.
+    let prompt = journal
+        .iter()
+        .map(|e| e.prompt_tokens)
+        .fold(0u64, u64::saturating_add);
+    let output = journal
+        .iter()
+        .map(|e| count_tokens(&e.output) as u64)
+        .fold(0u64, u64::saturating_add);
     let mut text = format!("local {prompt} prompt + {output} output (o200k_base)");
     let reported: Vec<Usage> = journal
         .iter()
