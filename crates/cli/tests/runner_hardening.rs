@@ -94,6 +94,23 @@ where
     }
 }
 
+/// Runs a scripted warehouse task (a copy under `root` with `seed` and `events`) that SIGKILLs
+/// itself at `failpoint`, in the database of `dir`.
+fn killed_run(dir: &Path, root: &Path, (seed, events): (u64, u32), failpoint: &str) {
+    let (skill, script) = warehouse_copy(root, seed, events);
+    let model = format!("scripted:{}", script.display());
+    let killed = command(dir)
+        .args(["run", skill.to_str().unwrap(), "--model", &model, "--quiet"])
+        .env("SKILLSTATE_FAILPOINT", failpoint)
+        .output()
+        .unwrap();
+    assert_eq!(
+        killed.status.signal(),
+        Some(9),
+        "the run dies at {failpoint}"
+    );
+}
+
 fn finish(child: Child) -> Output {
     child.wait_with_output().unwrap()
 }
@@ -168,14 +185,7 @@ async fn one_runner_per_task_takes_over_from_a_dead_holder_at_once_and_from_a_li
  {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("skillstate.toml"), "").unwrap();
-    let (skill, script) = warehouse_copy(tmp.path(), 9, 12);
-    let model = format!("scripted:{}", script.display());
-    let killed = command(tmp.path())
-        .args(["run", skill.to_str().unwrap(), "--model", &model, "--quiet"])
-        .env("SKILLSTATE_FAILPOINT", "after_commit:4")
-        .output()
-        .unwrap();
-    assert_eq!(killed.status.signal(), Some(9));
+    killed_run(tmp.path(), tmp.path(), (9, 12), "after_commit:4");
     let id = only_task(tmp.path()).await;
     let lease = store(tmp.path()).await.lease(&id).await.unwrap();
     assert!(
@@ -188,14 +198,7 @@ async fn one_runner_per_task_takes_over_from_a_dead_holder_at_once_and_from_a_li
     assert!(text(&resumed.stdout).contains("completed after 12 step(s)"));
 
     // A holder this machine cannot check (another host) blocks until its lease expires.
-    let (skill, script) = warehouse_copy(&tmp.path().join("b"), 9, 12);
-    let model = format!("scripted:{}", script.display());
-    let killed = command(tmp.path())
-        .args(["run", skill.to_str().unwrap(), "--model", &model, "--quiet"])
-        .env("SKILLSTATE_FAILPOINT", "after_tool:3")
-        .output()
-        .unwrap();
-    assert_eq!(killed.status.signal(), Some(9));
+    killed_run(tmp.path(), &tmp.path().join("b"), (9, 12), "after_tool:3");
     let store = store(tmp.path()).await;
     let second = store.list_tasks().await.unwrap()[1].id.clone();
     let far_future = 4_102_444_800_000_i64; // 2100-01-01
@@ -229,14 +232,7 @@ async fn one_runner_per_task_takes_over_from_a_dead_holder_at_once_and_from_a_li
 async fn journal_continuity_a_missing_step_stops_resume_and_shows_in_show() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("skillstate.toml"), "").unwrap();
-    let (skill, script) = warehouse_copy(tmp.path(), 4, 10);
-    let model = format!("scripted:{}", script.display());
-    let killed = command(tmp.path())
-        .args(["run", skill.to_str().unwrap(), "--model", &model, "--quiet"])
-        .env("SKILLSTATE_FAILPOINT", "after_tool:5")
-        .output()
-        .unwrap();
-    assert_eq!(killed.status.signal(), Some(9));
+    killed_run(tmp.path(), tmp.path(), (4, 10), "after_tool:5");
     let id = only_task(tmp.path()).await;
     let store = store(tmp.path()).await;
     sqlx::query("DELETE FROM journal WHERE task_id = ? AND step = 2")
