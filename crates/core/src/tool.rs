@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// How much harm running a tool twice can do. Decides what resume may re-run (DESIGN.md §3.6).
+/// How much harm running a tool twice can do. Decides what resume may re-run (the crash rules
+/// of README, "How a step works").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SideEffect {

@@ -1,6 +1,7 @@
-//! The validation pipeline of DESIGN.md §3 step 3: parse (strict JSON) → patch shape → apply
-//! to a copy → read-only locations → schema → state budget → action. The current state is never
-//! modified; the caller gets either everything needed to commit, or every problem found.
+//! The validation pipeline (step 3 of README, "How a step works"): parse (strict JSON) → patch
+//! shape → apply to a copy → read-only locations → schema → state budget → action. The current
+//! state is never modified; the caller gets either everything needed to commit, or every problem
+//! found.
 //!
 //! Read-only-ness is decided after the patch is applied, by the schema's own evaluation of the
 //! state before and after (`StateSchema::changed_read_only_locations`): any location annotated

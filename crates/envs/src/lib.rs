@@ -1,5 +1,5 @@
-//! Benchmark environments (SkillExecBench-style, see BENCHMARK.md) and the registry that builds
-//! a skill's environment from its `[environment]` settings.
+//! Benchmark environments (SkillExecBench-style; README, "The example skills" and "Reproducing the
+//! paper") and the registry that builds a skill's environment from its `[environment]` settings.
 
 pub mod noise;
 pub mod oracle;

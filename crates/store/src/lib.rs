@@ -1,4 +1,5 @@
-//! Durable task state and the step journal, behind one trait (DESIGN.md §5 "store").
+//! Durable task state and the step journal, behind one trait (README, "Storage and durable
+//! execution").
 //!
 //! Invariants every backend keeps:
 //! - an accepted step (journal row, new state and version, action intent) is ONE transaction;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::{WarehouseConfig, shelf_name};
 use crate::rng::SeededRng;
 
-/// The drift scenarios (BENCHMARK.md "Drift"; the definitions are ours).
+/// The drift scenarios (README, "Drift (T = 50)": the paper names them, the definitions are ours).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Drift {
@@ -211,7 +211,9 @@ impl Generator {
         )
     }
 
-    /// A uniformly drawn event among those possible (BENCHMARK.md "Event generation").
+    /// A uniformly drawn event among those possible: only a receive while nothing is stored,
+    /// only an order or a maintenance while at most one shelf is free, any of the three
+    /// otherwise.
     fn random_event(&mut self) -> Event {
         let stored = self.stored();
         let full = self.truth.len() as u32 >= self.shelves - 1;

@@ -1,5 +1,5 @@
-//! The warehouse environment of the SKILL.state paper (BENCHMARK.md): 500 shelves, items that
-//! arrive, are ordered and must be moved off shelves under maintenance.
+//! The warehouse environment of the SKILL.state paper (README, "The example skills"): 500 shelves,
+//! items that arrive, are ordered and must be moved off shelves under maintenance.
 //!
 //! The event sequence is generated up front from the seed by simulating a correct agent (the
 //! ground truth), so every strategy and every model sees exactly the same events. What the agent
