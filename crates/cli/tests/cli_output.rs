@@ -328,4 +328,13 @@ fn gc_with_an_age_beyond_any_task_deletes_nothing() {
         text(&gc.stdout)
     );
     assert_eq!(task_lines(&db), 0);
+
+    // Keeping no step at all is refused by name, not turned into an empty step range.
+    let zero = skillstate(&db, &["gc", "--keep-last", "0"]);
+    assert_eq!(zero.status.code(), Some(2));
+    assert!(
+        text(&zero.stderr).contains("'--keep-last <KEEP_LAST>'"),
+        "{}",
+        text(&zero.stderr)
+    );
 }

@@ -320,7 +320,7 @@ pub async fn replay(db: &str, args: ReplayArgs) -> Result<ExitCode> {
 #[derive(clap::Args)]
 pub struct GcArgs {
     /// Compact every task's journal to its last N steps (older steps become one snapshot).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     keep_last: Option<u64>,
     /// Delete completed and failed tasks not updated for this long (`30d`, `12h`, `90m`).
     #[arg(long, value_parser = parse_age)]
