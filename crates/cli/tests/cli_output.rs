@@ -338,3 +338,80 @@ fn gc_with_an_age_beyond_any_task_deletes_nothing() {
         text(&zero.stderr)
     );
 }
+
+/// Overflow class, settings: `max_retries = 4294967295` used to wrap `max_retries + 1` to zero
+/// attempts. Every number in skill.toml and skillstate.toml has a range, checked when the file
+/// is read, and the error names the file, line, key and range.
+#[test]
+fn settings_out_of_range_are_refused_with_file_line_key_and_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    let (skill, script) = warehouse_copy(tmp.path(), 7, 10);
+    let settings = std::fs::read_to_string(skill.join("skill.toml"))
+        .unwrap()
+        .replace("max_retries = 2", "max_retries = 4294967295");
+    std::fs::write(skill.join("skill.toml"), &settings).unwrap();
+    let line = settings
+        .lines()
+        .position(|l| l.starts_with("max_retries"))
+        .unwrap()
+        + 1;
+    let validate = skillstate(&db, &["validate", skill.to_str().unwrap()]);
+    assert_eq!(validate.status.code(), Some(1));
+    assert!(
+        text(&validate.stdout).contains(&format!(
+            "skill.toml:{line}:15: invalid skill.toml: [run] max_retries = 4294967295 is out of range: the rejected answers allowed per step must be a whole number from 0 to 100"
+        )),
+        "{}",
+        text(&validate.stdout)
+    );
+    let model = format!("scripted:{}", script.display());
+    let run = skillstate(&db, &["run", skill.to_str().unwrap(), "--model", &model]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(text(&run.stderr).contains("max_retries = 4294967295 is out of range"));
+
+    let config = tmp.path().join("skillstate.toml");
+    std::fs::write(
+        &config,
+        "[model]\ntimeout_secs = 0\nmax_retries = 99999999999999999999\n",
+    )
+    .unwrap();
+    let run = skillstate(
+        &db,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "run",
+            "skills/warehouse",
+            "--model",
+            "scripted:skills/warehouse/examples/demo.jsonl",
+        ],
+    );
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = text(&run.stderr);
+    assert!(
+        stderr.contains("skillstate.toml:2:16: [model] timeout_secs = 0 is out of range")
+            && stderr.contains(
+                "skillstate.toml:3:15: [model] max_retries = 99999999999999999999 is out of range"
+            )
+            && stderr.contains("from 0 to 20"),
+        "{stderr}"
+    );
+    let budget = skillstate(
+        &db,
+        &[
+            "run",
+            "skills/warehouse",
+            "--model",
+            "oracle",
+            "--budget",
+            "18446744073709551615",
+        ],
+    );
+    assert_eq!(budget.status.code(), Some(2));
+    assert!(
+        text(&budget.stderr).contains("'--budget <BUDGET>'"),
+        "{}",
+        text(&budget.stderr)
+    );
+}
