@@ -515,3 +515,77 @@ async fn terminal_escapes_in_answers_and_results_are_printed_escaped() {
         "the name should be shown escaped:\n{all}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_never_create_tables_in_postgresql() {
+    let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if url == "off" {
+        common::skip::skip_test(
+            "SKILLSTATE_TEST_POSTGRES_URL=off",
+            "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
+        );
+        return;
+    }
+    use sqlx::Connection;
+    let schema = format!("readonly_{}", std::process::id());
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let db = format!("{url}{separator}options=-c%20search_path%3D{schema}");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("skillstate.toml"), "").unwrap();
+    let mut outputs = Vec::new();
+    for args in [
+        vec!["--db", db.as_str(), "tasks"],
+        vec!["--db", db.as_str(), "pending"],
+        vec!["--db", db.as_str(), "show", "0190"],
+        vec!["--db", db.as_str(), "replay", "0190"],
+    ] {
+        let output = cli(tmp.path(), &args).await;
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(
+            text(&output.stderr).contains("holds no skillstate database yet"),
+            "{args:?}: {}",
+            text(&output.stderr)
+        );
+        outputs.push(output);
+    }
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = $1",
+    )
+    .bind(&schema)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "a read-only command created tables");
+    // A command that writes creates them; then the read-only ones read.
+    let (skill, script) = warehouse_copy(tmp.path(), 1, 2);
+    let model = format!("scripted:{}", script.display());
+    let run = cli(
+        tmp.path(),
+        &[
+            "--db",
+            &db,
+            "run",
+            skill.to_str().unwrap(),
+            "--model",
+            &model,
+            "--quiet",
+        ],
+    )
+    .await;
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let tasks = cli(tmp.path(), &["--db", &db, "tasks"]).await;
+    assert!(tasks.status.success());
+    assert!(text(&tasks.stdout).contains("completed"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+}
