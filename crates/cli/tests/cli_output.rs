@@ -266,6 +266,31 @@ fn bench_prints_the_table_and_writes_its_outputs() {
     for file in ["results.json", "report.md", "prompt_tokens.svg"] {
         assert!(out.join(file).is_file(), "{file} missing");
     }
+    // Runs that fail show in the table and in the exit status.
+    let garbage = tmp.path().join("garbage.jsonl");
+    std::fs::write(&garbage, "\"not an answer\"\n").unwrap();
+    let model = format!("scripted:{}", garbage.display());
+    let failing = skillstate(
+        &tmp.path().join("unused.db"),
+        &[
+            "bench",
+            "warehouse",
+            "--model",
+            &model,
+            "--horizons",
+            "10",
+            "--seeds",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(failing.status.code(), Some(1), "{}", text(&failing.stderr));
+    assert!(
+        text(&failing.stderr).contains("5 of 5 runs did not complete"),
+        "{}",
+        text(&failing.stderr)
+    );
     let unknown = skillstate(&tmp.path().join("unused.db"), &["bench", "factory"]);
     assert_eq!(unknown.status.code(), Some(1));
     assert!(

@@ -131,5 +131,18 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
     for path in written {
         outln!("wrote {}", path.display());
     }
+    // The table shows failed runs; the exit status says so too, for scripts.
+    let failed = report
+        .runs
+        .iter()
+        .filter(|r| r.status != "completed")
+        .count();
+    if failed > 0 {
+        errln!(
+            "{failed} of {} runs did not complete (see `failure` in results.json)",
+            report.runs.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
