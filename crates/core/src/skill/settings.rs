@@ -89,6 +89,9 @@ pub struct ShellSettings {
     pub max_output_bytes: usize,
     /// Environment variables passed through from skillstate's own environment.
     pub env_allow: Vec<String>,
+    /// Whether commands may use the network. Off by default: the sandbox gives them a network
+    /// namespace of their own with only a loopback interface.
+    pub network: bool,
 }
 
 impl Default for ShellSettings {
@@ -97,6 +100,7 @@ impl Default for ShellSettings {
             timeout_secs: 30,
             max_output_bytes: 16 * 1024,
             env_allow: vec!["PATH".into(), "LANG".into(), "LC_ALL".into(), "TZ".into()],
+            network: false,
         }
     }
 }
