@@ -360,3 +360,64 @@ async fn after_a_crash_an_idempotent_action_runs_again_with_the_same_key() {
     assert_eq!(calls, 1);
     assert_eq!(observation, format!("charged once with key {task}:1"));
 }
+
+/// A tool that never answers, as one stuck on a pipe or a hung server would.
+struct Hang {
+    spec: ToolSpec,
+}
+
+#[async_trait]
+impl Tool for Hang {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    async fn call(&self, _args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_tool_that_never_answers_becomes_an_observation_and_the_task_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _) = sqlite_store(tmp.path()).await;
+    let mut skill_def = notes_skill(5).definition;
+    skill_def.settings.tools.allow = vec!["till".into()];
+    let skill = Skill::from_definition(skill_def).unwrap();
+    let spec = ToolSpec {
+        name: "charge".into(),
+        description: "Charge the customer".into(),
+        input_schema: json!({"type": "object"}),
+        side_effect: SideEffect::Effectful,
+        source: "till".into(),
+        needs_approval: false,
+    };
+    let mut env = Till {
+        tools: vec![Arc::new(Hang { spec })],
+    };
+    let model = scripted(vec![
+        answer(json!({}), "charge", json!({})),
+        answer(json!({}), "finish", json!({"result": "gave up"})),
+    ]);
+    let task = start_task(
+        store.as_ref(),
+        &skill,
+        &mut env,
+        &TaskOptions::new(model.spec(), ContextStrategy::State),
+    )
+    .await
+    .unwrap();
+    let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
+        .with_tool_limit(std::time::Duration::from_millis(200))
+        .run(&task.id)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, TaskStatus::Completed);
+    let observation = store.observation(&task.id, 2).await.unwrap().unwrap();
+    assert!(
+        observation.contains("`charge` gave no result within 1 s")
+            && observation.contains("may or may not have happened"),
+        "{observation}"
+    );
+    let intents = store.intents(&task.id).await.unwrap();
+    assert_eq!(intents[0].ok, Some(false));
+}
