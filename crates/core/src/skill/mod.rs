@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use frontmatter::name_problem;
+pub use ranges::{Allowed, RangeProblem, SettingRange, check_ranges};
 pub use settings::{
     Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS,
     DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, ShellSettings, SkillSettings,
     ToolSelection, UnknownOutcome, line_column,
 };
 pub use settings::{SKILL_RANGES, SettingsProblem};
-pub use ranges::{Allowed, RangeProblem, SettingRange, check_ranges};
 
 use crate::schema::StateSchema;
 use crate::tokens::count_tokens;
