@@ -78,6 +78,19 @@ async fn oracle_server(delay: Duration, down: Outage) -> FakeServer {
     .await
 }
 
+/// `run <skill>` against the fake model server at `base_url`.
+fn run_args<'a>(skill: &'a Path, base_url: &'a str) -> [&'a str; 7] {
+    [
+        "run",
+        skill.to_str().unwrap(),
+        "--model",
+        "openai:fake",
+        "--base-url",
+        base_url,
+        "--quiet",
+    ]
+}
+
 /// Waits (bounded) until `check` holds, polling the database.
 async fn wait_for<F, Fut>(what: &str, mut check: F)
 where
@@ -123,15 +136,7 @@ async fn one_runner_per_task_a_second_process_is_refused_while_the_first_runs() 
     let server = oracle_server(Duration::from_millis(700), Arc::new(|_| false)).await;
     let base_url = format!("{}/v1", server.base_url);
     let first = command(tmp.path())
-        .args([
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            "openai:fake",
-            "--base-url",
-            &base_url,
-            "--quiet",
-        ])
+        .args(run_args(&skill, &base_url))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -306,19 +311,7 @@ async fn retry_after_failure_a_provider_outage_is_resumable_on_request() {
     )
     .await;
     let base_url = format!("{}/v1", server.base_url);
-    let run = cli(
-        tmp.path(),
-        &[
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            "openai:fake",
-            "--base-url",
-            &base_url,
-            "--quiet",
-        ],
-    )
-    .await;
+    let run = cli(tmp.path(), &run_args(&skill, &base_url)).await;
     assert_eq!(run.status.code(), Some(1), "{}", text(&run.stderr));
     let id = only_task(tmp.path()).await;
 
@@ -432,18 +425,7 @@ async fn secrets_echoed_by_the_model_or_split_by_a_cut_never_reach_the_database_
     })
     .await;
     let base_url = format!("{}/v1", server.base_url);
-    let run = cli(
-        tmp.path(),
-        &[
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            "openai:fake",
-            "--base-url",
-            &base_url,
-        ],
-    )
-    .await;
+    let run = cli(tmp.path(), &run_args(&skill, &base_url)).await;
     assert_eq!(run.status.code(), Some(1), "{}", text(&run.stderr));
     let id = only_task(tmp.path()).await;
     let show = cli(tmp.path(), &["show", &id]).await;
