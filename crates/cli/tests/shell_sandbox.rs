@@ -7,6 +7,10 @@
 
 mod common;
 
+#[path = "../../../test-support/processes.rs"]
+mod processes;
+
+use processes::survivors;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -58,6 +62,20 @@ fn script(root: &Path, commands: &[&str]) -> String {
     format!("scripted:{}", path.display())
 }
 
+/// `run <skill> --model <model> --work-dir <work> --input <input>`.
+fn run_args<'a>(skill: &'a Path, model: &'a str, work: &'a Path, input: &'a str) -> [&'a str; 8] {
+    [
+        "run",
+        skill.to_str().unwrap(),
+        "--model",
+        model,
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--input",
+        input,
+    ]
+}
+
 fn command(db: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(binary());
     command
@@ -106,24 +124,6 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
         .any(|window| window == needle.as_bytes())
 }
 
-/// Host processes whose command line contains `marker`.
-fn survivors(marker: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(marker) {
-            found.push(format!(
-                "{}: {cmdline}",
-                entry.file_name().to_string_lossy()
-            ));
-        }
-    }
-    found
-}
-
 const STEAL: [&str; 6] = [
     "cat /proc/$PPID/environ; echo; cat /proc/1/environ",
     "cat /proc/*/environ; ls /proc",
@@ -147,25 +147,13 @@ fn the_runtime_api_key_reaches_neither_the_journal_nor_the_output() {
     );
     let model = script(tmp.path(), &STEAL);
     let secret = format!("sk-proj-sandbox-e2e-{}-5ec7e7", std::process::id());
-    let run = command(
-        &db,
-        &[
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            &model,
-            "--work-dir",
-            work.to_str().unwrap(),
-            "--input",
-            "Find the API key.",
-        ],
-    )
-    .env("OPENAI_API_KEY", &secret)
-    .env("ANTHROPIC_API_KEY", &secret)
-    // Not a variable the runtime knows as secret: only the sandbox keeps it out.
-    .env("DEPLOY_PASSWORD", &secret)
-    .output()
-    .unwrap();
+    let run = command(&db, &run_args(&skill, &model, &work, "Find the API key."))
+        .env("OPENAI_API_KEY", &secret)
+        .env("ANTHROPIC_API_KEY", &secret)
+        // Not a variable the runtime knows as secret: only the sandbox keeps it out.
+        .env("DEPLOY_PASSWORD", &secret)
+        .output()
+        .unwrap();
     let (stdout, stderr) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{stdout}{stderr}");
     assert!(
@@ -213,23 +201,11 @@ fn a_sigkilled_runtime_leaves_no_shell_process_behind() {
             "sleep {m} & setsid sleep {m} & nohup sleep {m} & (setsid sleep {m} &); touch started; sleep {m}"
         )],
     );
-    let mut runtime = command(
-        &db,
-        &[
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            &model,
-            "--work-dir",
-            work.to_str().unwrap(),
-            "--input",
-            "Start things.",
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    let mut runtime = command(&db, &run_args(&skill, &model, &work, "Start things."))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let start = Instant::now();
     while !work.join("started").exists() {
         if let Some(status) = runtime.try_wait().unwrap() {
@@ -369,17 +345,10 @@ fn without_its_sandbox_shell_exec_refuses_and_the_model_is_told_why() {
     let run = command(
         &db,
         &[
-            "--config",
-            config.to_str().unwrap(),
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            &model,
-            "--work-dir",
-            work.to_str().unwrap(),
-            "--input",
-            "Touch a file.",
-        ],
+            ["--config", config.to_str().unwrap()].as_slice(),
+            &run_args(&skill, &model, &work, "Touch a file."),
+        ]
+        .concat(),
     )
     .output()
     .unwrap();
@@ -431,18 +400,13 @@ fn a_non_dumpable_runtime_hides_its_environment_even_from_unconfined_commands() 
         .current_dir(tmp.path())
         .env("SKILLSTATE_DB", &db)
         .env("OPENAI_API_KEY", &secret)
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            &model,
-            "--work-dir",
-            work.to_str().unwrap(),
-            "--input",
-            "Read the parent's environment.",
-        ])
+        .args(
+            [
+                ["--config", config.to_str().unwrap()].as_slice(),
+                &run_args(&skill, &model, &work, "Read the parent's environment."),
+            ]
+            .concat(),
+        )
         .stdin(Stdio::null())
         .output()
         .unwrap();

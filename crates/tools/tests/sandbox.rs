@@ -6,6 +6,10 @@
 //! mid-command: they run this test binary again as a child (`child_process_entry`).
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../../test-support/processes.rs"]
+mod processes;
+
+use processes::survivors;
 use std::net::TcpListener;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -73,24 +77,6 @@ fn marker() -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::SeqCst)
     )
-}
-
-/// Host processes whose command line contains `marker` (sleeps, their shells, bwrap).
-fn survivors(marker: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(marker) {
-            found.push(format!(
-                "{}: {cmdline}",
-                entry.file_name().to_string_lossy()
-            ));
-        }
-    }
-    found
 }
 
 /// Survivors once they had `GONE_WITHIN` to die (killed processes die asynchronously).
