@@ -12,6 +12,7 @@ mod history;
 mod migrate;
 mod model;
 mod postgres;
+mod queue;
 mod rows;
 mod sqlite;
 pub mod time;
@@ -24,6 +25,7 @@ use serde_json::Value;
 pub use history::state_at;
 pub use model::*;
 pub use postgres::PostgresStore;
+pub use queue::*;
 pub use sqlite::{SqliteStore, Synchronous};
 
 pub const DEFAULT_DB: &str = "skillstate.db";
@@ -91,7 +93,7 @@ pub enum StoreError {
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: Queue + Send + Sync {
     /// Creates a task at version 0 with its initial state, snapshot and opening observation.
     async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord>;
     /// Finds a task by full id or unique id prefix.
@@ -268,4 +270,11 @@ pub(crate) fn now_millis() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+pub(crate) fn queue_todo() -> StoreError {
+    StoreError::Decode {
+        what: "queue".into(),
+        message: "not implemented yet".into(),
+    }
 }

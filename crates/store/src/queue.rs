@@ -1,0 +1,209 @@
+//! The work queue: batches of tasks claimed by workers under execution leases, whole-task
+//! retries with backoff, and rate limits shared by every worker of a database.
+//!
+//! A task is claimable when it is queued (`queue = queued`), its `not_before` has passed, its
+//! batch is open, and nobody holds its lease (or the lease expired). A claim takes the lease in
+//! the same statement (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite one `BEGIN IMMEDIATE`
+//! transaction), so two workers never get the same task. The worker renews the lease while it
+//! runs the task and settles the claim when the task completes, fails or pauses.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::Result;
+use crate::model::{LeaseClaim, LeaseInfo, NewTask, TaskStatus};
+
+/// What happens to the rest of a batch when one of its tasks fails for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Record the failure and go on with the other tasks.
+    #[default]
+    SkipAndLog,
+    /// Stop the batch: workers claim none of its tasks until `batch retry` reopens it.
+    Stop,
+}
+
+/// A rolling 60-second quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+}
+
+impl RateLimit {
+    pub fn is_unlimited(&self) -> bool {
+        self.requests_per_minute.is_none() && self.tokens_per_minute.is_none()
+    }
+}
+
+/// A batch about to be submitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewBatch {
+    /// For people: the batch file's name, say.
+    pub name: String,
+    /// The batch settings as submitted (the parsed batch file), kept for status and reports.
+    pub spec: Value,
+    pub on_error: OnError,
+    /// Whole-task retries after a failure (0 = none).
+    pub max_retry: u32,
+    /// Shared by every worker running this batch's tasks.
+    pub rate_limit: RateLimit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchState {
+    /// Workers claim its queued tasks.
+    Open,
+    /// `on_error: stop` fired (or an operator stopped it): nothing more is claimed.
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchRecord {
+    pub id: String,
+    pub name: String,
+    pub spec: Value,
+    pub on_error: OnError,
+    pub max_retry: u32,
+    pub rate_limit: RateLimit,
+    pub state: BatchState,
+    pub stop_reason: Option<String>,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// One task to create and queue.
+#[derive(Debug, Clone)]
+pub struct QueuedTask {
+    pub task: NewTask,
+    pub initial_state: Value,
+    /// A JSON object of labels (`{"file": "order-7.txt"}`), shown in reports.
+    pub labels: Value,
+}
+
+/// Where a task stands in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueState {
+    /// Waiting to be claimed, or claimed and running under a lease.
+    Queued,
+    /// The queue is done with it: completed, failed for good, or paused for a human.
+    Done,
+}
+
+/// A task a worker claimed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub task_id: String,
+    pub batch_id: Option<String>,
+    /// Whole-task retries already spent (0 on the first run).
+    pub tries: u32,
+    pub lease: LeaseInfo,
+}
+
+/// How a worker settles a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settle {
+    /// The queue is done with the task.
+    Done,
+    /// Queue it again, claimable from `not_before` (unix ms), with one more try spent.
+    RetryAt { not_before: i64 },
+}
+
+/// One task of a batch, with the figures reports are made of (summed from its journal).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchTask {
+    pub id: String,
+    /// `None` when the stored status is unreadable (`problem` is in `failure`).
+    pub status: Option<TaskStatus>,
+    pub queue: Option<QueueState>,
+    pub tries: u32,
+    pub labels: Value,
+    /// Accepted steps.
+    pub version: u64,
+    pub outcome: Option<Value>,
+    /// The last failure's reason, kept across retries.
+    pub failure: Option<String>,
+    /// Journal rows by verdict.
+    pub accepted: u64,
+    pub rejected: u64,
+    /// Rejected answers that named an unknown tool or gave invalid tool arguments.
+    pub tool_call_rejections: u64,
+    /// Tool calls that returned an error (`ok = false`).
+    pub tool_errors: u64,
+    /// Sum of counted prompt tokens.
+    pub prompt_tokens: u64,
+    /// Sums of provider-reported usage (`input_tokens`, `output_tokens`), 0 when unreported.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub created_at: i64,
+    /// First journal row, unix ms; `None` before the first answer.
+    pub started_at: Option<i64>,
+    pub updated_at: i64,
+    /// Whether someone holds an unexpired lease on it now.
+    pub leased: bool,
+}
+
+/// The answer of `rate_acquire`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateDecision {
+    /// Recorded in the window; go ahead.
+    Granted,
+    /// The window is full; ask again after this many milliseconds.
+    Wait { ms: u64 },
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync {
+    async fn create_batch(&self, batch: &NewBatch) -> Result<BatchRecord>;
+    /// Creates the tasks and queues them in `batch`, in order; returns their ids in order. A
+    /// failure leaves none of them behind (one transaction, or chunks rolled back together).
+    async fn enqueue_tasks(&self, batch: &str, tasks: Vec<QueuedTask>) -> Result<Vec<String>>;
+    /// Finds a batch by full id or unique id prefix.
+    async fn batch(&self, id_or_prefix: &str) -> Result<BatchRecord>;
+    /// Newest first.
+    async fn list_batches(&self) -> Result<Vec<BatchRecord>>;
+    /// Claims the oldest claimable task (of `batch` only, when given), taking its lease for
+    /// `ttl_ms` in the same atomic operation. `None` when nothing is claimable now.
+    async fn claim_task(
+        &self,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        batch: Option<&str>,
+    ) -> Result<Option<Claimed>>;
+    /// Ends the claim `token` holds on `task` and releases the lease, recording `failure` (the
+    /// reason of the last failure) when given. `StoreError::LeaseLost` when `token` no longer
+    /// holds the lease (another worker took over): nothing changes then.
+    async fn settle_claim(
+        &self,
+        task: &str,
+        token: &str,
+        settle: &Settle,
+        failure: Option<&str>,
+    ) -> Result<()>;
+    /// Stops a batch: its queued tasks are claimed no more (running ones finish their step).
+    async fn stop_batch(&self, batch: &str, reason: &str) -> Result<()>;
+    /// Queues again every task of `batch` that failed (status `failed`), claimable now, and
+    /// reopens the batch. Returns how many were queued.
+    async fn requeue_failed(&self, batch: &str) -> Result<u64>;
+    /// Every task of the batch, in creation order.
+    async fn batch_tasks(&self, batch: &str) -> Result<Vec<BatchTask>>;
+    /// The earliest `not_before` among claimable-later tasks (of `batch`, when given), so an
+    /// idle worker knows how long to sleep; `None` when no queued task waits on a backoff.
+    async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>>;
+    /// Records one request of `tokens` tokens in `scope`'s rolling 60-second window when it
+    /// fits `limit`, in one transaction that serialises every caller of the scope (so many
+    /// workers on many machines share one quota). Otherwise says how long to wait.
+    async fn rate_acquire(
+        &self,
+        scope: &str,
+        limit: &RateLimit,
+        tokens: u64,
+    ) -> Result<RateDecision>;
+    /// Adds tokens learnt after the request (the answer's) to `scope`'s window.
+    async fn rate_add_tokens(&self, scope: &str, tokens: u64) -> Result<()>;
+}
