@@ -89,6 +89,30 @@ impl HeldLease {
         })
     }
 
+    /// Keeps renewing a lease this process already holds (a worker's claim took it).
+    pub(crate) fn adopt(store: Arc<dyn Store>, task: &str, token: &str, ttl: Duration) -> Self {
+        let lost = Arc::new(AtomicBool::new(false));
+        let heartbeat = tokio::spawn(renew(
+            store.clone(),
+            task.to_owned(),
+            token.to_owned(),
+            ttl,
+            lost.clone(),
+        ));
+        Self {
+            store,
+            task: task.to_owned(),
+            token: token.to_owned(),
+            lost,
+            heartbeat,
+        }
+    }
+
+    /// Stops renewing without giving the lease up (its owner settles it).
+    pub(crate) fn keep(self) {
+        self.heartbeat.abort();
+    }
+
     /// `Err` once the lease could not be renewed: another runner may own the task now.
     pub(crate) fn check(&self) -> Result<(), RuntimeError> {
         if self.lost.load(Ordering::SeqCst) {
@@ -148,7 +172,7 @@ async fn renew(
 
 /// `linux <boot id> <pid namespace> <pid> <start time>`: enough for another process of the same
 /// machine to tell whether this one still exists (a reused pid has another start time).
-fn process_identity() -> String {
+pub(crate) fn process_identity() -> String {
     let pid = std::process::id();
     format!(
         "linux {} {} {pid} {}",

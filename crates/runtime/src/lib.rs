@@ -7,14 +7,23 @@ mod frame;
 mod lease;
 mod lineage;
 mod pauses;
+mod rate;
 mod recovery;
 mod select;
 mod step_loop;
+mod worker;
 
 pub use error::RuntimeError;
 pub use frame::rebuild_prompt;
 pub use lease::LeasePolicy;
 pub use lineage::{JournalCheck, fork_task, verify_journal};
+pub use rate::SharedRateLimit;
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
-pub use step_loop::{NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, start_task};
+pub use step_loop::{
+    NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, prepare_task, start_task,
+};
+pub use worker::{
+    Backoff, HostedTask, StopLevel, TaskHost, WorkerEvent, WorkerOptions, WorkerStats,
+    failure_text, run_worker,
+};
