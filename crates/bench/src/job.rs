@@ -10,7 +10,8 @@ use skillstate_core::{ContextStrategy, Skill, count_tokens};
 use skillstate_envs::oracle::OracleModel;
 use skillstate_providers::{ModelProvider, Usage};
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
-use skillstate_store::{SqliteStore, Store, Synchronous, TaskStatus, Verdict};
+use skillstate_store::prelude::*;
+use skillstate_store::{SqliteStore, Synchronous, TaskStatus, Verdict};
 
 use crate::BenchError;
 

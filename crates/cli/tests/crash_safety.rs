@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 
 use common::*;
 use skillstate_core::json::state_hash;
-use skillstate_store::{SqliteStore, Store, Synchronous, Verdict, state_at};
+use skillstate_store::prelude::*;
+use skillstate_store::{SqliteStore, Synchronous, Verdict, state_at};
 
 const KILLS: u64 = 12;
 

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::json;
-use skillstate_store::{SqliteStore, Store, Synchronous};
+use skillstate_store::prelude::*;
+use skillstate_store::{SqliteStore, Synchronous};
 use support::{FakeServer, Reply, openai_answer};
 
 const SECRET: &str = "sk-hardening-SECRET-31337";

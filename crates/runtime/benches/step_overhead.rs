@@ -9,8 +9,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use skillstate_core::{ContextStrategy, Skill, StepRules, ToolCatalog, validate_step};
 use skillstate_envs::warehouse::{Warehouse, WarehouseConfig};
+use skillstate_store::prelude::*;
 use skillstate_store::{
-    JournalEntry, NewIntent, NewTask, SqliteStore, StepCommit, Store, Synchronous, Verdict,
+    JournalEntry, NewIntent, NewTask, SqliteStore, StepCommit, Synchronous, Verdict,
 };
 use skillstate_tools::Environment;
 

@@ -12,7 +12,8 @@ use common::*;
 use serde_json::{Value, json};
 use skillstate_core::{ContextStrategy, Skill, SkillDefinition};
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
-use skillstate_store::{Store, TaskStatus, Verdict};
+use skillstate_store::prelude::*;
+use skillstate_store::{TaskStatus, Verdict};
 use skillstate_tools::{
     CallContext, Environment, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
     UserRequest,

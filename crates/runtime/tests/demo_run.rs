@@ -8,7 +8,8 @@ use common::*;
 use skillstate_core::json::{state_hash, text_hash};
 use skillstate_providers::ScriptedModel;
 use skillstate_runtime::rebuild_prompt;
-use skillstate_store::{Store, TaskStatus, Verdict, state_at};
+use skillstate_store::prelude::*;
+use skillstate_store::{TaskStatus, Verdict, state_at};
 
 fn demo_answers() -> Vec<String> {
     let path = warehouse_skill_dir().join("examples/demo.jsonl");

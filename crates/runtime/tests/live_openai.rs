@@ -13,7 +13,8 @@ use common::*;
 use skillstate_core::{ContextStrategy, RejectionKind, Skill};
 use skillstate_providers::{Constrain, ModelProvider, OpenAiProvider, ProviderSettings};
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
-use skillstate_store::{Store, Verdict};
+use skillstate_store::Verdict;
+use skillstate_store::prelude::*;
 
 struct Rates {
     calls: usize,

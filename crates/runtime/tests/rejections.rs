@@ -10,7 +10,8 @@ use common::*;
 use serde_json::json;
 use skillstate_core::ContextStrategy;
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, rebuild_prompt, start_task};
-use skillstate_store::{Store, TaskStatus, Verdict};
+use skillstate_store::prelude::*;
+use skillstate_store::{TaskStatus, Verdict};
 
 struct Case {
     name: &'static str,

@@ -1,0 +1,62 @@
+//! What can go wrong in the store, each message naming what to do.
+
+use crate::model::LeaseInfo;
+use crate::time;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open database {location}: {message}")]
+    Open { location: String, message: String },
+    #[error("no task matches `{0}`; list tasks with `skillstate tasks`")]
+    NotFound(String),
+    #[error("`{prefix}` matches {count} tasks; give more characters of the id")]
+    Ambiguous { prefix: String, count: usize },
+    #[error(
+        "task {task} is at version {actual}, not {expected}: another writer committed first; reload the task and retry"
+    )]
+    Conflict {
+        task: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "the database schema is version {found}, newer than this skillstate supports ({supported}); upgrade skillstate"
+    )]
+    SchemaTooNew { found: i64, supported: i64 },
+    #[error("task {task}: the journal is inconsistent at step {step}: {message}")]
+    Corrupt {
+        task: String,
+        step: u64,
+        message: String,
+    },
+    #[error(
+        "task {task}: the journal before step {step} was compacted by `skillstate gc`; that state is no longer kept"
+    )]
+    Compacted { task: String, step: u64 },
+    #[error("task {task}: step {step} does not exist (the task has {version} accepted steps)")]
+    NoSuchStep {
+        task: String,
+        step: u64,
+        version: u64,
+    },
+    #[error("stored {what} is unreadable: {message}")]
+    Decode { what: String, message: String },
+    #[error(
+        "task {task} is being run by {} since {} ({}); only one process may drive a task at a time. Wait for it to finish or stop it; if it died, another process can take the task over when its lease expires at {} (the lease is renewed while it runs)",
+        .lease.holder,
+        time::utc(.lease.acquired_at),
+        time::ago(.lease.acquired_at),
+        time::utc(.lease.expires_at)
+    )]
+    Leased { task: String, lease: Box<LeaseInfo> },
+    #[error(
+        "task {task}: this process lost its execution lease (it was not renewed in time and another runner may have taken the task over); stopped without writing more"
+    )]
+    LeaseLost { task: String },
+    #[error(
+        "{location} holds no skillstate database yet (read-only commands do not create one); run a task with this --db first, or check the location"
+    )]
+    NoSchema { location: String },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}

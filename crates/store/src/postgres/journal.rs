@@ -1,0 +1,299 @@
+//! The step journal on PostgreSQL: accepted steps, rejections, tool results, and reading them
+//! back. Concurrent commits of many tasks share WAL flushes: PostgreSQL's WAL writer already
+//! groups the commits that wait at the same moment (group commit), so no batching is needed
+//! here.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use skillstate_core::json::state_hash;
+use sqlx::Row;
+
+use super::PostgresStore;
+use crate::model::*;
+use crate::rows::{decode, entry_from_row, extent_from_row, to_json, verdict_str};
+use crate::{Journal, Result, StoreError, now_millis};
+
+async fn insert_entry(
+    conn: &mut sqlx::PgConnection,
+    task: &str,
+    entry: &JournalEntry,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(task)
+    .bind(entry.step as i64)
+    .bind(i64::from(entry.attempt))
+    .bind(verdict_str(entry.verdict))
+    .bind(&entry.output)
+    .bind(entry.patch.as_ref().map(to_json))
+    .bind(entry.action.as_ref().map(to_json))
+    .bind(entry.errors.as_ref().map(to_json))
+    .bind(&entry.state_hash)
+    .bind(entry.prompt_tokens as i64)
+    .bind(&entry.prompt_hash)
+    .bind(entry.usage.as_ref().map(to_json))
+    .bind(entry.latency_ms as i64)
+    .bind(entry.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Journal for PostgresStore {
+    async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        insert_entry(&mut tx, task, entry).await?;
+        sqlx::query("UPDATE tasks SET updated_at = $1 WHERE id = $2")
+            .bind(now_millis())
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn commit_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()> {
+        let next_version = expected_version + 1;
+        let now = now_millis();
+        let (status, outcome) = match &commit.status {
+            Some((status, outcome)) => (Some(status.as_str()), outcome.as_ref().map(to_json)),
+            None => (None, None),
+        };
+        let mut tx = self.pool.begin().await?;
+        // The version check and the write are one statement: a concurrent writer of the same
+        // task holds the row lock until it commits, and this UPDATE then sees its version.
+        let updated = sqlx::query(
+            "UPDATE tasks SET state = $1, version = $2, updated_at = $3, status = COALESCE($4, status), outcome = COALESCE($5, outcome) WHERE id = $6 AND version = $7",
+        )
+        .bind(to_json(&commit.new_state))
+        .bind(next_version as i64)
+        .bind(now)
+        .bind(status)
+        .bind(outcome)
+        .bind(task)
+        .bind(expected_version as i64)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            tx.rollback().await?;
+            let actual = self.current_version(task).await?;
+            return Err(StoreError::Conflict {
+                task: task.to_owned(),
+                expected: expected_version,
+                actual,
+            });
+        }
+        insert_entry(&mut tx, task, &commit.entry).await?;
+        if let Some(intent) = &commit.intent {
+            sqlx::query(
+                "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7)",
+            )
+            .bind(task)
+            .bind(next_version as i64)
+            .bind(&intent.tool)
+            .bind(to_json(&intent.args))
+            .bind(&intent.idempotency_key)
+            .bind(&intent.side_effect)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if next_version.is_multiple_of(self.snapshot_every) {
+            sqlx::query(
+                "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(task)
+            .bind(next_version as i64)
+            .bind(to_json(&commit.new_state))
+            .bind(state_hash(&commit.new_state))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE intents SET status = 'done', ok = $1, result = $2, finished_at = $3 WHERE task_id = $4 AND step = $5 AND status = 'pending'",
+        )
+        .bind(result.ok)
+        .bind(&result.result)
+        .bind(now)
+        .bind(task)
+        .bind(result.step as i64)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Err(StoreError::Corrupt {
+                task: task.to_owned(),
+                step: result.step,
+                message: "no pending action intent to complete".into(),
+            });
+        }
+        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3)")
+            .bind(task)
+            .bind((result.step + 1) as i64)
+            .bind(&result.next_observation)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE tasks SET env_checkpoint = COALESCE($1, env_checkpoint), updated_at = $2 WHERE id = $3",
+        )
+        .bind(result.env_checkpoint.as_ref().map(to_json))
+        .bind(now)
+        .bind(task)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn set_status(
+        &self,
+        task: &str,
+        status: TaskStatus,
+        outcome: Option<&Value>,
+    ) -> Result<()> {
+        let updated = sqlx::query(
+            "UPDATE tasks SET status = $1, outcome = COALESCE($2, outcome), updated_at = $3 WHERE id = $4",
+        )
+        .bind(status.as_str())
+        .bind(outcome.map(to_json))
+        .bind(now_millis())
+        .bind(task)
+        .execute(&self.pool)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        Ok(())
+    }
+
+    async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>> {
+        let rows = sqlx::query("SELECT * FROM journal WHERE task_id = $1 ORDER BY step, attempt")
+            .bind(task)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(entry_from_row).collect()
+    }
+
+    async fn observation(&self, task: &str, step: u64) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT text FROM observations WHERE task_id = $1 AND step = $2")
+                .bind(task)
+                .bind(step as i64)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>> {
+        let rows =
+            sqlx::query("SELECT step, text FROM observations WHERE task_id = $1 ORDER BY step")
+                .bind(task)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get::<i64, _>("step")? as u64, row.try_get("text")?)))
+            .collect()
+    }
+
+    async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>> {
+        let rows = sqlx::query("SELECT * FROM intents WHERE task_id = $1 ORDER BY step")
+            .bind(task)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = row.try_get("status")?;
+                Ok(IntentRecord {
+                    step: row.try_get::<i64, _>("step")? as u64,
+                    tool: row.try_get("tool")?,
+                    args: decode("intent args", &row.try_get::<String, _>("args")?)?,
+                    idempotency_key: row.try_get("idempotency_key")?,
+                    side_effect: row.try_get("side_effect")?,
+                    done: status == "done",
+                    ok: row.try_get("ok")?,
+                    result: row.try_get("result")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>> {
+        let row = sqlx::query(
+            "SELECT step, state FROM snapshots WHERE task_id = $1 AND step <= $2 ORDER BY step DESC LIMIT 1",
+        )
+        .bind(task)
+        .bind(step as i64)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok((
+                row.try_get::<i64, _>("step")? as u64,
+                decode("snapshot", &row.try_get::<String, _>("state")?)?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn accepted_patches(
+        &self,
+        task: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, Value, String)>> {
+        let rows = sqlx::query(
+            "SELECT step, patch, state_hash FROM journal WHERE task_id = $1 AND verdict = 'accepted' AND step BETWEEN $2 AND $3 ORDER BY step",
+        )
+        .bind(task)
+        .bind(from as i64)
+        .bind(to as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let step = row.try_get::<i64, _>("step")? as u64;
+                let patch: Option<String> = row.try_get("patch")?;
+                let hash: Option<String> = row.try_get("state_hash")?;
+                let corrupt = |message: &str| StoreError::Corrupt {
+                    task: task.to_owned(),
+                    step,
+                    message: message.to_owned(),
+                };
+                let patch = patch.ok_or_else(|| corrupt("accepted step without a patch"))?;
+                let patch = serde_json::from_str(&patch)
+                    .map_err(|e| corrupt(&format!("the patch is not JSON: {e}")))?;
+                Ok((
+                    step,
+                    patch,
+                    hash.ok_or_else(|| corrupt("accepted step without a state hash"))?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn journal_extent(&self, task: &str) -> Result<JournalExtent> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS accepted, MIN(step) AS first, MAX(step) AS last, \
+             (SELECT state_hash FROM journal WHERE task_id = $1 AND verdict = 'accepted' ORDER BY step DESC LIMIT 1) AS last_hash, \
+             (SELECT MIN(step) FROM snapshots WHERE task_id = $1) AS base \
+             FROM journal WHERE task_id = $1 AND verdict = 'accepted'",
+        )
+        .bind(task)
+        .fetch_one(&self.pool)
+        .await?;
+        extent_from_row(&row)
+    }
+}

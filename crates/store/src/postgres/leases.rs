@@ -1,0 +1,82 @@
+//! Execution leases on PostgreSQL: one atomic UPDATE each, timed by the server's clock.
+
+use async_trait::async_trait;
+
+use super::PostgresStore;
+use crate::model::*;
+use crate::rows::lease_from_row;
+use crate::{Leases, Result, StoreError};
+
+#[async_trait]
+impl Leases for PostgresStore {
+    async fn acquire_lease(
+        &self,
+        task: &str,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        replacing: Option<&str>,
+    ) -> Result<LeaseInfo> {
+        // The server's clock decides expiry, so runners on several machines agree.
+        let updated = sqlx::query(
+            "WITH now AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms) \
+             UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS NOT DISTINCT FROM $1 THEN lease_acquired_at ELSE now.ms END, \
+             lease_token = $1, lease_holder = $2, lease_process = $3, lease_expires_at = now.ms + $4 \
+             FROM now WHERE id = $5 AND (lease_token IS NULL OR lease_expires_at <= now.ms OR lease_token = $1 OR lease_token = $6)",
+        )
+        .bind(&claim.token)
+        .bind(&claim.holder)
+        .bind(&claim.process)
+        .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+        .bind(task)
+        .bind(replacing)
+        .execute(&self.pool)
+        .await?;
+        match self.lease(task).await? {
+            Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
+            Some(lease) => Err(StoreError::Leased {
+                task: task.to_owned(),
+                lease: Box::new(lease),
+            }),
+            None => Err(StoreError::NotFound(task.to_owned())),
+        }
+    }
+
+    async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()> {
+        let updated = sqlx::query(
+            "UPDATE tasks SET lease_expires_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + $1 WHERE id = $2 AND lease_token = $3",
+        )
+        .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::LeaseLost {
+                task: task.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn release_lease(&self, task: &str, token: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2",
+        )
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
+        )
+        .bind(task)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        lease_from_row(&row)
+    }
+}

@@ -1,0 +1,232 @@
+//! The server backend: PostgreSQL, for several runners sharing one store. One module per
+//! concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs`; this one connects and resolves
+//! ids.
+//!
+//! It keeps the SQLite backend's behaviour to the byte: the same text in every JSON column, the
+//! same snapshot rule, the same errors. Where SQLite serialises writers with `BEGIN IMMEDIATE`,
+//! this backend relies on row locks under READ COMMITTED: a conditional `UPDATE` waits for a
+//! concurrent writer of the same row and then re-checks its `WHERE` against the committed row,
+//! which is what turns a second commit of the same version into a `Conflict`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+
+use crate::migrate::{check_postgres, migrate_postgres};
+use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
+
+mod journal;
+mod leases;
+mod queue;
+mod tasks;
+
+/// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server.
+const MAX_CONNECTIONS: u32 = 8;
+/// Long enough to ride out a burst of concurrent commits, short enough that a dead server
+/// surfaces as an error instead of a hang.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    snapshot_every: u64,
+}
+
+pub(super) const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
+
+impl PostgresStore {
+    /// Opens `url` (`postgres://user@host:port/db`, with libpq-style query parameters such as
+    /// `options=-c search_path=name`) and applies pending migrations.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_mode(url, OpenMode::ReadWrite).await
+    }
+
+    /// Opens `url`; with `OpenMode::Existing` nothing is created or migrated, and a database
+    /// without skillstate tables is reported as such.
+    pub async fn open_mode(url: &str, mode: OpenMode) -> Result<Self> {
+        let options = connect_options(url)?;
+        Self::connect(url, options, None, mode).await
+    }
+
+    /// Like [`open`](Self::open), but keeps every table in `schema`, which is created when
+    /// missing. The schema is set as `search_path` at connection startup, so every pooled
+    /// connection uses it, including ones opened later.
+    pub async fn open_in_schema(url: &str, schema: &str) -> Result<Self> {
+        if !is_plain_identifier(schema) {
+            return Err(StoreError::Open {
+                location: redact(url),
+                message: format!(
+                    "`{schema}` is not a usable schema name; use letters, digits and `_`, starting with a letter or `_`, at most 63 characters"
+                ),
+            });
+        }
+        let options = connect_options(url)?.options([("search_path", format!("\"{schema}\""))]);
+        Self::connect(url, options, Some(schema), OpenMode::ReadWrite).await
+    }
+
+    async fn connect(
+        url: &str,
+        options: PgConnectOptions,
+        schema: Option<&str>,
+        mode: OpenMode,
+    ) -> Result<Self> {
+        let open_error = |e: sqlx::Error| StoreError::Open {
+            location: redact(url),
+            message: e.to_string(),
+        };
+        // One plain connection first: the pool retries a refused or rejected connection until
+        // its acquire timeout and then reports only "timed out", while this fails at once
+        // with the server's actual answer (refused, bad password, no such database).
+        let mut probe = PgConnection::connect_with(&options)
+            .await
+            .map_err(open_error)?;
+        if let Some(schema) = schema {
+            // The name was checked by `is_plain_identifier`, so quoting it is enough.
+            let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+            if let Err(error) = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut probe).await {
+                // Two sessions creating the same schema at once can both pass the existence
+                // check; the loser fails on the catalog's unique index although the schema now
+                // exists, which is all that was asked for.
+                let raced = error
+                    .as_database_error()
+                    .is_some_and(|e| e.is_unique_violation());
+                if !raced {
+                    return Err(error.into());
+                }
+            }
+        }
+        probe.close().await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(open_error)?;
+        match mode {
+            OpenMode::ReadWrite => migrate_postgres(&pool).await?,
+            OpenMode::Existing => check_postgres(&pool, &redact(url)).await?,
+        }
+        Ok(Self {
+            pool,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+        })
+    }
+
+    /// Writes a full snapshot every `k` steps (`k` ≥ 1).
+    pub fn with_snapshot_every(mut self, k: u64) -> Self {
+        self.snapshot_every = k.max(1);
+        self
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub(super) async fn resolve_id(&self, id_or_prefix: &str) -> Result<String> {
+        let wanted = id_or_prefix.trim();
+        if wanted.is_empty() || !wanted.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(StoreError::NotFound(id_or_prefix.to_owned()));
+        }
+        // PostgreSQL's LIKE is case-sensitive where SQLite's is not; ids are lowercase. The
+        // range bounds let a generic plan use the primary key: every id character sorts below
+        // `~`, and the column is COLLATE "C".
+        let lower = wanted.to_ascii_lowercase();
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE id >= $1 AND id < $1 || '~' AND id LIKE $1 || '%' ORDER BY id LIMIT 2",
+        )
+        .bind(&lower)
+        .fetch_all(&self.pool)
+        .await?;
+        match ids.as_slice() {
+            [] => Err(StoreError::NotFound(id_or_prefix.to_owned())),
+            [one] => Ok(one.clone()),
+            _ => {
+                if let Some(exact) = ids.iter().find(|id| **id == lower) {
+                    return Ok(exact.clone());
+                }
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM tasks WHERE id >= $1 AND id < $1 || '~' AND id LIKE $1 || '%'",
+                )
+                .bind(&lower)
+                .fetch_one(&self.pool)
+                .await?;
+                Err(StoreError::Ambiguous {
+                    prefix: wanted.to_owned(),
+                    count: count as usize,
+                })
+            }
+        }
+    }
+
+    pub(super) async fn current_version(&self, task: &str) -> Result<u64> {
+        let version: Option<i64> = sqlx::query_scalar("SELECT version FROM tasks WHERE id = $1")
+            .bind(task)
+            .fetch_optional(&self.pool)
+            .await?;
+        version
+            .map(|v| v as u64)
+            .ok_or_else(|| StoreError::NotFound(task.to_owned()))
+    }
+
+    pub(super) async fn sum_bytes(&self, sql: &'static str, task: &str) -> Result<u64> {
+        let value: Option<i64> = sqlx::query_scalar(sql)
+            .bind(task)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(value.unwrap_or(0) as u64)
+    }
+}
+
+fn connect_options(url: &str) -> Result<PgConnectOptions> {
+    PgConnectOptions::from_str(url).map_err(|e| StoreError::Open {
+        location: redact(url),
+        message: e.to_string(),
+    })
+}
+
+/// Schema names are spliced into SQL and into the startup options, so only names that need no
+/// escaping in either are accepted.
+fn is_plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63
+}
+
+/// The URL without its password (in the user info or a `password` parameter), for error
+/// messages that end up in terminals and logs.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<&str> = query
+                .split('&')
+                .map(|pair| {
+                    if pair.starts_with("password=") {
+                        "password=***"
+                    } else {
+                        pair
+                    }
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}

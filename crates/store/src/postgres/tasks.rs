@@ -1,0 +1,255 @@
+//! Tasks as wholes on PostgreSQL: create, find, list, fork, compact, delete, measure.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use skillstate_core::json::state_hash;
+use sqlx::AssertSqlSafe;
+
+use super::{PostgresStore, TASK_COLUMNS};
+use crate::model::*;
+use crate::rows::{summary_from_row, task_from_row, to_json};
+use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
+
+/// Writes `state` as the snapshot at `step`, replacing one already there (a fork's or a
+/// compaction's base step may coincide with a regular snapshot).
+async fn upsert_snapshot(
+    conn: &mut sqlx::PgConnection,
+    task: &str,
+    step: i64,
+    state: &Value,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (task_id, step) DO UPDATE SET state = EXCLUDED.state, state_hash = EXCLUDED.state_hash",
+    )
+    .bind(task)
+    .bind(step)
+    .bind(to_json(state))
+    .bind(state_hash(state))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Tasks for PostgresStore {
+    async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, 0, $11, $12)",
+        )
+        .bind(&id)
+        .bind(&task.skill.name)
+        .bind(to_json(&task.skill))
+        .bind(to_json(&task.tools))
+        .bind(task.context.as_str())
+        .bind(task.context_budget.map(|b| b as i64))
+        .bind(&task.model)
+        .bind(task.environment.as_ref().map(to_json))
+        .bind(task.env_checkpoint.as_ref().map(to_json))
+        .bind(to_json(initial_state))
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, 0, $2, $3)",
+        )
+        .bind(&id)
+        .bind(to_json(initial_state))
+        .bind(state_hash(initial_state))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, 1, $2)")
+            .bind(&id)
+            .bind(&task.opening_observation)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.task(&id).await
+    }
+
+    async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord> {
+        let id = self.resolve_id(id_or_prefix).await?;
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(&id)
+            .fetch_one(&self.pool)
+            .await?;
+        task_from_row(&row)
+    }
+
+    async fn list_tasks(&self) -> Result<Vec<TaskSummary>> {
+        let rows = sqlx::query(
+            "SELECT id, skill_name, status, version, model, created_at, updated_at FROM tasks ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(summary_from_row).collect())
+    }
+
+    async fn fork_task(
+        &self,
+        parent: &str,
+        step: u64,
+        state: &Value,
+        env_checkpoint: Option<&Value>,
+    ) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let at = step as i64;
+        let mut tx = self.pool.begin().await?;
+        // Under READ COMMITTED every statement below reads a fresh snapshot. The share lock
+        // keeps the parent from being compacted or deleted between them, so the copied
+        // journal, intents, observations and snapshots agree with each other; commits to the
+        // parent wait until the fork is done, as they would behind SQLite's write lock.
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM tasks WHERE id = $1 FOR SHARE")
+                .bind(parent)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(version) = version else {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound(parent.to_owned()));
+        };
+        if version < at {
+            tx.rollback().await?;
+            return Err(StoreError::NoSuchStep {
+                task: parent.to_owned(),
+                step,
+                version: version as u64,
+            });
+        }
+        sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at) \
+             SELECT $1, skill_name, skill, tools, context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5 FROM tasks WHERE id = $6",
+        )
+        .bind(&id)
+        .bind(env_checkpoint.map(to_json))
+        .bind(to_json(state))
+        .bind(at)
+        .bind(now)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await?;
+        for sql in [
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) \
+             SELECT $1, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = $2 AND step <= $3",
+            "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at) \
+             SELECT $1, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = $2 AND step <= $3",
+            "INSERT INTO snapshots (task_id, step, state, state_hash) \
+             SELECT $1, step, state, state_hash FROM snapshots WHERE task_id = $2 AND step <= $3",
+        ] {
+            sqlx::query(sql)
+                .bind(&id)
+                .bind(parent)
+                .bind(at)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // The observation that step `at + 1` starts from belongs to the fork's history too.
+        sqlx::query(
+            "INSERT INTO observations (task_id, step, text) SELECT $1, step, text FROM observations WHERE task_id = $2 AND step <= $3",
+        )
+        .bind(&id)
+        .bind(parent)
+        .bind(at + 1)
+        .execute(&mut *tx)
+        .await?;
+        upsert_snapshot(&mut tx, &id, at, state).await?;
+        tx.commit().await?;
+        self.task(&id).await
+    }
+
+    async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64> {
+        let base = keep_from.saturating_sub(1) as i64;
+        let mut tx = self.pool.begin().await?;
+        // Waits for a fork that is copying this task's history (it holds a share lock).
+        sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        upsert_snapshot(&mut tx, task, base, state_before).await?;
+        let mut deleted = 0;
+        for sql in [
+            "DELETE FROM journal WHERE task_id = $1 AND step < $2",
+            "DELETE FROM intents WHERE task_id = $1 AND step < $2",
+            "DELETE FROM observations WHERE task_id = $1 AND step < $2",
+        ] {
+            deleted += sqlx::query(sql)
+                .bind(task)
+                .bind(keep_from as i64)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        deleted += sqlx::query("DELETE FROM snapshots WHERE task_id = $1 AND step < $2")
+            .bind(task)
+            .bind(base)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn delete_task(&self, task: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        // Locking first makes a concurrent fork of this task finish before its parent link is
+        // looked for; otherwise the fork's new row would be missed and block the DELETE.
+        let found = sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
+            .bind(task)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if found.is_none() {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        // Forks keep their own copies; only the link to the parent goes.
+        sqlx::query("UPDATE tasks SET parent_task = NULL WHERE parent_task = $1")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM tasks WHERE id = $1")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn storage_stats(&self, task: &str) -> Result<StorageStats> {
+        // The same per-row formulas as the SQLite backend (octet_length = LENGTH of the text
+        // cast to BLOB; the constants stand for the integer columns), so both report the same
+        // numbers for the same task.
+        Ok(StorageStats {
+            steps: self.current_version(task).await?,
+            journal_bytes: self
+                .sum_bytes(
+                    "SELECT CAST(SUM(octet_length(task_id) + 8 + 4 + octet_length(verdict) + octet_length(output) + COALESCE(octet_length(patch), 0) + COALESCE(octet_length(action), 0) + COALESCE(octet_length(errors), 0) + COALESCE(octet_length(state_hash), 0) + 8 + octet_length(prompt_hash) + COALESCE(octet_length(usage), 0) + 16) AS BIGINT) FROM journal WHERE task_id = $1",
+                    task,
+                )
+                .await?,
+            intent_bytes: self
+                .sum_bytes(
+                    "SELECT CAST(SUM(octet_length(task_id) + 8 + octet_length(tool) + octet_length(args) + octet_length(idempotency_key) + octet_length(side_effect) + octet_length(status) + 8 + COALESCE(octet_length(result), 0) + 16) AS BIGINT) FROM intents WHERE task_id = $1",
+                    task,
+                )
+                .await?,
+            observation_bytes: self
+                .sum_bytes(
+                    "SELECT CAST(SUM(octet_length(text)) AS BIGINT) FROM observations WHERE task_id = $1",
+                    task,
+                )
+                .await?,
+            snapshot_bytes: self
+                .sum_bytes(
+                    "SELECT CAST(SUM(octet_length(state) + octet_length(state_hash)) AS BIGINT) FROM snapshots WHERE task_id = $1",
+                    task,
+                )
+                .await?,
+        })
+    }
+}

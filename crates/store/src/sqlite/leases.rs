@@ -1,0 +1,83 @@
+//! Execution leases on SQLite: one atomic UPDATE each.
+
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::model::*;
+use crate::rows::lease_from_row;
+use crate::{Leases, Result, StoreError, now_millis};
+
+#[async_trait]
+impl Leases for SqliteStore {
+    async fn acquire_lease(
+        &self,
+        task: &str,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        replacing: Option<&str>,
+    ) -> Result<LeaseInfo> {
+        let now = now_millis();
+        let updated = sqlx::query(
+            "UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS ?1 THEN lease_acquired_at ELSE ?2 END, \
+             lease_token = ?1, lease_holder = ?3, lease_process = ?4, lease_expires_at = ?5 \
+             WHERE id = ?6 AND (lease_token IS NULL OR lease_expires_at <= ?2 OR lease_token = ?1 OR lease_token IS ?7)",
+        )
+        .bind(&claim.token)
+        .bind(now)
+        .bind(&claim.holder)
+        .bind(&claim.process)
+        .bind(now.saturating_add(ttl_ms.min(i64::MAX as u64) as i64))
+        .bind(task)
+        .bind(replacing)
+        .execute(&self.pool)
+        .await?;
+        let lease = self.lease(task).await?;
+        match lease {
+            Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
+            Some(lease) => Err(StoreError::Leased {
+                task: task.to_owned(),
+                lease: Box::new(lease),
+            }),
+            None => Err(StoreError::NotFound(task.to_owned())),
+        }
+    }
+
+    async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()> {
+        let expires = now_millis().saturating_add(ttl_ms.min(i64::MAX as u64) as i64);
+        let updated =
+            sqlx::query("UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ?")
+                .bind(expires)
+                .bind(task)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::LeaseLost {
+                task: task.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn release_lease(&self, task: &str, token: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = ? AND lease_token = ?",
+        )
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = ?",
+        )
+        .bind(task)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        lease_from_row(&row)
+    }
+}

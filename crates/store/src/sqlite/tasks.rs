@@ -1,0 +1,208 @@
+//! Tasks as wholes on SQLite: create, find, list, fork, compact, delete, measure.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use skillstate_core::json::state_hash;
+
+use super::{SqliteStore, TASK_COLUMNS};
+use crate::model::*;
+use crate::rows::{summary_from_row, task_from_row, to_json};
+use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
+
+#[async_trait]
+impl Tasks for SqliteStore {
+    async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?)",
+        )
+        .bind(&id)
+        .bind(&task.skill.name)
+        .bind(to_json(&task.skill))
+        .bind(to_json(&task.tools))
+        .bind(task.context.as_str())
+        .bind(task.context_budget.map(|b| b as i64))
+        .bind(&task.model)
+        .bind(task.environment.as_ref().map(to_json))
+        .bind(task.env_checkpoint.as_ref().map(to_json))
+        .bind(to_json(initial_state))
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)")
+            .bind(&id)
+            .bind(to_json(initial_state))
+            .bind(state_hash(initial_state))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES (?, 1, ?)")
+            .bind(&id)
+            .bind(&task.opening_observation)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.task(&id).await
+    }
+
+    async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord> {
+        let id = self.resolve_id(id_or_prefix).await?;
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&id)
+            .fetch_one(&self.pool)
+            .await?;
+        task_from_row(&row)
+    }
+
+    async fn list_tasks(&self) -> Result<Vec<TaskSummary>> {
+        let rows = sqlx::query(
+            "SELECT id, skill_name, status, version, model, created_at, updated_at FROM tasks ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(summary_from_row).collect())
+    }
+
+    async fn fork_task(
+        &self,
+        parent: &str,
+        step: u64,
+        state: &Value,
+        env_checkpoint: Option<&Value>,
+    ) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let at = step as i64;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let created = sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at) \
+             SELECT ?, skill_name, skill, tools, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ? FROM tasks WHERE id = ? AND version >= ?",
+        )
+        .bind(&id)
+        .bind(env_checkpoint.map(to_json))
+        .bind(to_json(state))
+        .bind(at)
+        .bind(at)
+        .bind(now)
+        .bind(now)
+        .bind(parent)
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
+        if created.rows_affected() != 1 {
+            drop(tx);
+            let version = self.current_version(parent).await?;
+            return Err(StoreError::NoSuchStep {
+                task: parent.to_owned(),
+                step,
+                version,
+            });
+        }
+        for sql in [
+            "INSERT INTO journal SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = ? AND step <= ?",
+            "INSERT INTO intents SELECT ?, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = ? AND step <= ?",
+            "INSERT INTO snapshots SELECT ?, step, state, state_hash FROM snapshots WHERE task_id = ? AND step <= ?",
+        ] {
+            sqlx::query(sql)
+                .bind(&id)
+                .bind(parent)
+                .bind(at)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("INSERT INTO observations SELECT ?, step, text FROM observations WHERE task_id = ? AND step <= ?")
+            .bind(&id)
+            .bind(parent)
+            .bind(at + 1)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT OR REPLACE INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)")
+            .bind(&id)
+            .bind(at)
+            .bind(to_json(state))
+            .bind(state_hash(state))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.task(&id).await
+    }
+
+    async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64> {
+        let base = keep_from.saturating_sub(1) as i64;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT OR REPLACE INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)")
+            .bind(task)
+            .bind(base)
+            .bind(to_json(state_before))
+            .bind(state_hash(state_before))
+            .execute(&mut *tx)
+            .await?;
+        let mut deleted = 0;
+        for sql in [
+            "DELETE FROM journal WHERE task_id = ? AND step < ?",
+            "DELETE FROM intents WHERE task_id = ? AND step < ?",
+            "DELETE FROM observations WHERE task_id = ? AND step < ?",
+        ] {
+            deleted += sqlx::query(sql)
+                .bind(task)
+                .bind(keep_from as i64)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        deleted += sqlx::query("DELETE FROM snapshots WHERE task_id = ? AND step < ?")
+            .bind(task)
+            .bind(base)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn delete_task(&self, task: &str) -> Result<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        // Forks keep their own copies; only the link to the parent goes.
+        sqlx::query("UPDATE tasks SET parent_task = NULL WHERE parent_task = ?")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        let deleted = sqlx::query("DELETE FROM tasks WHERE id = ?")
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        if deleted.rows_affected() == 0 {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn storage_stats(&self, task: &str) -> Result<StorageStats> {
+        let bytes = |sql: &'static str| {
+            let pool = self.pool.clone();
+            let task = task.to_owned();
+            async move {
+                let value: Option<i64> =
+                    sqlx::query_scalar(sql).bind(task).fetch_one(&pool).await?;
+                Ok::<u64, StoreError>(value.unwrap_or(0) as u64)
+            }
+        };
+        Ok(StorageStats {
+            steps: self.current_version(task).await?,
+            journal_bytes: bytes(
+                "SELECT SUM(LENGTH(CAST(task_id AS BLOB)) + 8 + 4 + LENGTH(CAST(verdict AS BLOB)) + LENGTH(CAST(output AS BLOB)) + COALESCE(LENGTH(CAST(patch AS BLOB)), 0) + COALESCE(LENGTH(CAST(action AS BLOB)), 0) + COALESCE(LENGTH(CAST(errors AS BLOB)), 0) + COALESCE(LENGTH(CAST(state_hash AS BLOB)), 0) + 8 + LENGTH(CAST(prompt_hash AS BLOB)) + COALESCE(LENGTH(CAST(usage AS BLOB)), 0) + 16) FROM journal WHERE task_id = ?",
+            )
+            .await?,
+            intent_bytes: bytes(
+                "SELECT SUM(LENGTH(CAST(task_id AS BLOB)) + 8 + LENGTH(CAST(tool AS BLOB)) + LENGTH(CAST(args AS BLOB)) + LENGTH(CAST(idempotency_key AS BLOB)) + LENGTH(CAST(side_effect AS BLOB)) + LENGTH(CAST(status AS BLOB)) + 8 + COALESCE(LENGTH(CAST(result AS BLOB)), 0) + 16) FROM intents WHERE task_id = ?",
+            )
+            .await?,
+            observation_bytes: bytes("SELECT SUM(LENGTH(CAST(text AS BLOB))) FROM observations WHERE task_id = ?").await?,
+            snapshot_bytes: bytes("SELECT SUM(LENGTH(CAST(state AS BLOB)) + LENGTH(CAST(state_hash AS BLOB))) FROM snapshots WHERE task_id = ?").await?,
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! The store's contract, one trait per concern. `Store` is all of them together; every backend
+//! implements each one in its own module (`sqlite/tasks.rs`, `postgres/journal.rs`, ...), and
+//! the conformance suite (`tests/conformance.rs`) is the contract both must pass.
+//!
+//! Callers holding an `Arc<dyn Store>` bring the concern traits into scope with
+//! `use skillstate_store::prelude::*;`.
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::Result;
+use crate::model::*;
+use crate::queue::Queue;
+
+/// Everything a backend offers: tasks, their journal, execution leases and the work queue.
+pub trait Store: Tasks + Journal + Leases + Queue + Send + Sync {}
+
+impl<T: Tasks + Journal + Leases + Queue + Send + Sync> Store for T {}
+
+/// Tasks as wholes: creating, finding, listing, forking, compacting and deleting them.
+#[async_trait]
+pub trait Tasks: Send + Sync {
+    /// Creates a task at version 0 with its initial state, snapshot and opening observation.
+    async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord>;
+    /// Finds a task by full id or unique id prefix.
+    async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord>;
+    async fn list_tasks(&self) -> Result<Vec<TaskSummary>>;
+    /// Creates a task that continues `parent` after its step `step`: same skill, tools,
+    /// context and model; `state` at version `step`; the parent's journal, observations,
+    /// intents and snapshots up to that step copied; the parent and step recorded. One
+    /// transaction.
+    async fn fork_task(
+        &self,
+        parent: &str,
+        step: u64,
+        state: &Value,
+        env_checkpoint: Option<&Value>,
+    ) -> Result<TaskRecord>;
+    /// Stores `state_before` (the state after step `keep_from - 1`) as a snapshot, then drops
+    /// the journal, observation and intent rows of earlier steps and the older snapshots. One
+    /// transaction. Returns the number of rows deleted.
+    async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64>;
+    /// Deletes a task and everything it owns.
+    async fn delete_task(&self, task: &str) -> Result<()>;
+    /// Bytes the task occupies, by kind.
+    async fn storage_stats(&self, task: &str) -> Result<StorageStats>;
+}
+
+/// The step journal of one task: writing steps, rejections and tool results, and reading them
+/// back.
+#[async_trait]
+pub trait Journal: Send + Sync {
+    /// Appends a rejected answer; the state is untouched.
+    async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()>;
+    /// Commits an accepted step atomically, if the task is still at `expected_version`.
+    async fn commit_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()>;
+    /// Records a tool's result and the next observation atomically.
+    async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()>;
+    async fn set_status(
+        &self,
+        task: &str,
+        status: TaskStatus,
+        outcome: Option<&Value>,
+    ) -> Result<()>;
+    async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>>;
+    async fn observation(&self, task: &str, step: u64) -> Result<Option<String>>;
+    /// Every recorded observation as `(step, text)`, in step order.
+    async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>>;
+    async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>>;
+    /// The latest snapshot at or before `step`, as `(step, state)`; `None` when gc compacted
+    /// everything up to there away.
+    async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>>;
+    /// `(step, patch, state_hash)` of accepted steps in `from..=to`, in order.
+    async fn accepted_patches(
+        &self,
+        task: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, Value, String)>>;
+    /// The span of accepted steps in the journal, for checking its continuity cheaply.
+    async fn journal_extent(&self, task: &str) -> Result<JournalExtent>;
+}
+
+/// Execution leases: one runner drives a task at a time.
+#[async_trait]
+pub trait Leases: Send + Sync {
+    /// Takes the execution lease of `task` for `ttl_ms`: granted when nobody holds it, it has
+    /// expired, `claim.token` holds it already (a renewal), or `replacing` names the token
+    /// that holds it now (taking over from a holder known to be dead). Otherwise
+    /// `StoreError::Leased` says who holds it. One atomic statement.
+    async fn acquire_lease(
+        &self,
+        task: &str,
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        replacing: Option<&str>,
+    ) -> Result<LeaseInfo>;
+    /// Extends the lease held by `token`; `StoreError::LeaseLost` when `token` no longer holds
+    /// it.
+    async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()>;
+    /// Gives the lease up, if `token` still holds it.
+    async fn release_lease(&self, task: &str, token: &str) -> Result<()>;
+    /// The current lease of `task`, expired or not.
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>>;
+}
+
+/// What a task occupies in the store, in bytes of stored text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct StorageStats {
+    /// Accepted steps.
+    pub steps: u64,
+    /// Journal rows (answers, patches, actions, errors, hashes, usage).
+    pub journal_bytes: u64,
+    /// Action intents and their results.
+    pub intent_bytes: u64,
+    pub observation_bytes: u64,
+    pub snapshot_bytes: u64,
+}
+
+impl StorageStats {
+    /// Journal and intent bytes per accepted step, observations excluded.
+    pub fn journal_bytes_per_step(&self) -> f64 {
+        (self.journal_bytes + self.intent_bytes) as f64 / self.steps.max(1) as f64
+    }
+}
