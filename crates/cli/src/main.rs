@@ -12,7 +12,8 @@ mod toolbox;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -64,6 +65,12 @@ enum Command {
     Tasks,
     /// Show a task: its state and one row per step, or the state/prompt of one step.
     Show(commands::show::ShowArgs),
+    /// Batches of tasks from a batch file: run, submit, resume, status, report, retry.
+    Batch(commands::batch::BatchArgs),
+    /// List the batches in the database.
+    Batches,
+    /// Claim queued tasks from the database and run them; SIGTERM or Ctrl-C drains.
+    Worker(commands::worker::WorkerArgs),
 }
 
 /// Makes this process non-dumpable, before any thread or child exists: its /proc entries
@@ -77,7 +84,16 @@ fn protect_process() -> Result<(), String> {
 
 fn main() -> ExitCode {
     let protected = protect_process();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // `batch run`/`submit` use the batch file's `store:` unless --db or SKILLSTATE_DB was given.
+    let db_explicit = !matches!(
+        matches.value_source("db"),
+        None | Some(ValueSource::DefaultValue)
+    );
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     // Known secret values are cleaned from everything printed, logs included. A configuration
     // that does not load still protects the usual key variables; the command reports the error.
     let secrets = config::load_config(cli.config.as_deref())
@@ -133,6 +149,17 @@ fn main() -> ExitCode {
                 tokio::task::block_in_place(|| commands::bench::run(cli.config.as_deref(), args))
             }
             Command::Show(args) => commands::show::run(&cli.db, cli.config.as_deref(), args).await,
+            Command::Batch(args) => {
+                let db = commands::batch::DbChoice {
+                    location: cli.db.clone(),
+                    explicit: db_explicit,
+                };
+                commands::batch::run(&db, cli.config.as_deref(), args).await
+            }
+            Command::Batches => commands::batch::list(&cli.db, cli.config.as_deref()).await,
+            Command::Worker(args) => {
+                commands::worker::run(&cli.db, cli.config.as_deref(), args).await
+            }
         }
     });
     match result {

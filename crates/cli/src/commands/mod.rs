@@ -1,3 +1,4 @@
+pub mod batch;
 pub mod bench;
 pub mod lineage;
 pub mod run;
@@ -5,6 +6,7 @@ pub mod show;
 pub mod tasks;
 pub mod tools;
 pub mod validate;
+pub mod worker;
 
 use std::path::Path;
 

@@ -1,0 +1,346 @@
+//! `skillstate batch …` and `skillstate batches`: submit a batch file's tasks to the queue, run
+//! them in this process, follow them, report on them and retry the failed ones (README,
+//! "Batches and workers").
+
+pub mod inputs;
+pub mod output;
+pub mod progress;
+pub mod render;
+pub mod report;
+pub mod spec;
+pub mod submit;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use skillstate_runtime::{StopLevel, run_worker};
+use skillstate_store::prelude::*;
+use skillstate_store::{BatchRecord, BatchState};
+use tokio::sync::mpsc;
+
+use super::worker::{CliHost, stop_on_signals, worker_options};
+use crate::config::{Config, load_config, open_existing, open_store};
+use crate::render::{Table, format_time};
+use report::Report;
+use spec::BatchSpec;
+
+/// The database a command was given: `--db` (or SKILLSTATE_DB) when set explicitly, else the
+/// default. A batch file's `store:` applies only when neither was given.
+pub struct DbChoice {
+    pub location: String,
+    pub explicit: bool,
+}
+
+impl DbChoice {
+    fn for_spec(&self, spec: &BatchSpec) -> String {
+        match (&spec.store, self.explicit) {
+            (Some(store), false) => store.clone(),
+            _ => self.location.clone(),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct BatchArgs {
+    #[command(subcommand)]
+    command: BatchCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum BatchCommand {
+    /// Submit a batch file's tasks and run them in this process; summary and output_dir at the
+    /// end. Exits 1 when a task failed for good.
+    Run {
+        /// The batch file (batch.yaml).
+        file: PathBuf,
+    },
+    /// Queue a batch file's tasks for workers (`skillstate worker`); prints the batch id.
+    Submit {
+        /// The batch file (batch.yaml).
+        file: PathBuf,
+    },
+    /// Run the queued tasks of a submitted batch in this process, as `batch run` does.
+    Resume {
+        /// Batch id or a unique prefix of it.
+        batch: String,
+    },
+    /// Counts by status, tokens, cost, ETA, the slowest tasks and the failed ones.
+    Status {
+        /// Batch id or a unique prefix of it.
+        batch: String,
+    },
+    /// The batch's metrics and one row per task.
+    Report {
+        /// Batch id or a unique prefix of it.
+        batch: String,
+        #[arg(long, value_enum, default_value = "md")]
+        format: ReportFormat,
+        /// Write the report to this file instead of stdout.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Queue the batch's failed tasks again (they resume from their journals) and reopen it.
+    Retry {
+        /// Batch id or a unique prefix of it.
+        batch: String,
+        /// Which tasks: the failed ones (the only choice for now).
+        #[arg(long, required = true)]
+        failed: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ReportFormat {
+    Md,
+    Json,
+    Csv,
+}
+
+pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> Result<ExitCode> {
+    match args.command {
+        BatchCommand::Run { file } => {
+            let config = load_config(config_path)?;
+            let spec = BatchSpec::load(&file)?;
+            let location = db.for_spec(&spec);
+            let store = open_store(&location, &config).await?;
+            let submitted = submit::submit(store.as_ref(), &spec, &config).await?;
+            errln!(
+                "batch {} submitted: {} task(s) in {}",
+                submitted.batch.id,
+                submitted.tasks.len(),
+                shown_db(&location)
+            );
+            drive(store, &config, &location, submitted.batch).await
+        }
+        BatchCommand::Submit { file } => {
+            let config = load_config(config_path)?;
+            let spec = BatchSpec::load(&file)?;
+            let location = db.for_spec(&spec);
+            let store = open_store(&location, &config).await?;
+            let submitted = submit::submit(store.as_ref(), &spec, &config).await?;
+            outln!("{}", submitted.batch.id);
+            errln!(
+                "{} task(s) queued in {}; run them with: skillstate{} worker --concurrency N",
+                submitted.tasks.len(),
+                shown_db(&location),
+                db_flag(&location)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        BatchCommand::Resume { batch } => {
+            let config = load_config(config_path)?;
+            let store = open_store(&db.location, &config).await?;
+            let batch = store.batch(&batch).await?;
+            drive(store, &config, &db.location, batch).await
+        }
+        BatchCommand::Status { batch } => {
+            let config = load_config(config_path)?;
+            let store = open_existing(&db.location).await?;
+            let report = Report::load(store.as_ref(), &batch, &config).await?;
+            out!("{}", render::status(&report));
+            Ok(ExitCode::SUCCESS)
+        }
+        BatchCommand::Report {
+            batch,
+            format,
+            output,
+        } => {
+            let config = load_config(config_path)?;
+            let store = open_existing(&db.location).await?;
+            let report = Report::load(store.as_ref(), &batch, &config).await?;
+            let text = match format {
+                ReportFormat::Md => render::markdown(&report),
+                ReportFormat::Json => render::json(&report),
+                ReportFormat::Csv => render::csv(&report),
+            };
+            match output {
+                Some(path) => {
+                    std::fs::write(&path, text)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    errln!("report written to {}", path.display());
+                }
+                None => out!("{text}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        BatchCommand::Retry { batch, failed: _ } => {
+            let config = load_config(config_path)?;
+            let store = open_store(&db.location, &config).await?;
+            let batch = store.batch(&batch).await?;
+            let queued = store.requeue_failed(&batch.id).await?;
+            outln!("{queued} failed task(s) of batch {} queued again", batch.id);
+            if queued > 0 {
+                errln!(
+                    "run them with: skillstate{0} batch resume {1}   (or skillstate{0} worker --batch {1})",
+                    db_flag(&db.location),
+                    batch.id
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Runs the batch's queued tasks in this process until none is left (or a signal drains it),
+/// then writes the summary.
+async fn drive(
+    store: Arc<dyn Store>,
+    config: &Config,
+    location: &str,
+    batch: BatchRecord,
+) -> Result<ExitCode> {
+    let spec = BatchSpec::from_value(&batch.spec);
+    let concurrency = spec
+        .as_ref()
+        .map(|s| s.concurrency)
+        .unwrap_or(spec::DEFAULT_CONCURRENCY);
+    let before = Report::load(store.as_ref(), &batch.id, config).await?;
+    let mut options = worker_options(config, "skillstate batch run", concurrency);
+    options.batch = Some(batch.id.clone());
+    options.until_idle = true;
+    let stop = stop_on_signals("batch run");
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let start = progress::Tally {
+        total: before.counts.total,
+        completed: before.counts.completed,
+        failed: before.counts.failed,
+        paused: before.counts.paused,
+        ..progress::Tally::default()
+    };
+    let follower = tokio::spawn(progress::follow(receiver, start));
+    let host = Arc::new(CliHost {
+        config: config.clone(),
+    });
+    let result = run_worker(store.clone(), host, options, stop.clone(), Some(sender)).await;
+    let level = *stop.borrow();
+    if level == StopLevel::Now {
+        errln!(
+            "stopped at once: running tasks stay leased until their leases expire; continue with: skillstate{} batch resume {}",
+            db_flag(location),
+            batch.id
+        );
+        std::process::exit(130);
+    }
+    let _ = follower.await;
+    result?;
+    let report = Report::load(store.as_ref(), &batch.id, config).await?;
+    out!("{}", render::status(&report));
+    if let Some(dir) = spec.as_ref().and_then(|s| s.output_dir.as_ref()) {
+        let summary = output::write(dir, store.as_ref(), &report).await?;
+        outln!(
+            "results: {} (one JSON per task), summary: {}",
+            dir.display(),
+            summary.display()
+        );
+    }
+    outln!(
+        "report: skillstate{} batch report {} --format md|json|csv",
+        db_flag(location),
+        batch.id
+    );
+    if report.counts.remaining() > 0 {
+        let why = if level == StopLevel::Drain {
+            "drained on a signal"
+        } else if report.batch.state == BatchState::Stopped {
+            "the batch stopped (on_error: stop); `batch retry --failed` reopens it"
+        } else {
+            "other workers hold them or their retries wait"
+        };
+        errln!(
+            "{} task(s) still queued ({why}); continue with: skillstate{} batch resume {}",
+            report.counts.remaining(),
+            db_flag(location),
+            batch.id
+        );
+    }
+    Ok(if report.counts.failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `skillstate batches`: every batch, newest first.
+pub async fn list(db: &str, config_path: Option<&Path>) -> Result<ExitCode> {
+    let config = load_config(config_path)?;
+    let store = open_existing(db).await?;
+    let batches = store.list_batches().await?;
+    if batches.is_empty() {
+        outln!(
+            "no batches in {}; submit one with `skillstate batch submit batch.yaml`",
+            shown_db(db)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&[
+        "BATCH", "NAME", "STATE", "TASKS", "DONE", "FAILED", "CREATED",
+    ]);
+    for batch in batches {
+        let tasks = store.batch_tasks(&batch.id).await?;
+        let report = Report::build(batch, &tasks, &config, report::now_millis());
+        table.row(vec![
+            report.batch.id.clone(),
+            report.batch.name.clone(),
+            match report.batch.state {
+                BatchState::Open => "open".into(),
+                BatchState::Stopped => "stopped".into(),
+            },
+            report.counts.total.to_string(),
+            report.counts.completed.to_string(),
+            report.counts.failed.to_string(),
+            format_time(report.batch.created_at),
+        ]);
+    }
+    out!("{}", table.render());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A database location fit to print: a URL's password is masked.
+pub fn shown_db(location: &str) -> String {
+    let Some((scheme, rest)) = location.split_once("://") else {
+        return location.to_owned();
+    };
+    let Some((credentials, host)) = rest.split_once('@') else {
+        return location.to_owned();
+    };
+    match credentials.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => location.to_owned(),
+    }
+}
+
+/// ` --db <location>` for printed commands, empty for the default database.
+fn db_flag(location: &str) -> String {
+    if location == skillstate_store::DEFAULT_DB {
+        String::new()
+    } else {
+        let shown = shown_db(location);
+        if shown.contains([' ', '?', '&', '\'', '"']) {
+            format!(" --db '{shown}'")
+        } else {
+            format!(" --db {shown}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_print() {
+        assert_eq!(
+            shown_db("postgres://app:s3cret@db.example/prod"),
+            "postgres://app:***@db.example/prod"
+        );
+        assert_eq!(shown_db("postgres://app@db/prod"), "postgres://app@db/prod");
+        assert_eq!(shown_db("./batch.db"), "./batch.db");
+        assert_eq!(db_flag(skillstate_store::DEFAULT_DB), "");
+        assert_eq!(
+            db_flag("postgres://u@h/d?options=-c%20search_path%3Dx"),
+            " --db 'postgres://u@h/d?options=-c%20search_path%3Dx'"
+        );
+    }
+}
