@@ -96,6 +96,7 @@ impl BatchSpec {
         let shown = file.display();
         let raw: RawSpec = yaml_serde::from_str(text).map_err(|e| located(&shown, &e))?;
         let base = file.parent().unwrap_or(Path::new("/"));
+        let resolve = |path: &Path| clean(&base.join(path));
         let context = match &raw.context {
             None => ContextStrategy::default(),
             Some(name) => ContextStrategy::parse(name).with_context(|| {
@@ -113,14 +114,14 @@ impl BatchSpec {
             );
         }
         let model = match raw.model.strip_prefix("scripted:") {
-            Some(script) => format!("scripted:{}", base.join(script).display()),
+            Some(script) => format!("scripted:{}", resolve(Path::new(script)).display()),
             None => raw.model.clone(),
         };
         let store = raw.store.as_deref().map(|store| {
             if is_url(store) {
                 store.to_owned()
             } else {
-                base.join(store).display().to_string()
+                resolve(Path::new(store)).display().to_string()
             }
         });
         let ranged = |path: &[&str], value: Option<i128>, min: u64, max: u64| {
@@ -155,10 +156,10 @@ impl BatchSpec {
         };
         Ok(Self {
             file: file.to_path_buf(),
-            skill: base.join(&raw.skill),
+            skill: resolve(&raw.skill),
             model,
-            inputs: base.join(&raw.inputs),
-            output_dir: raw.output_dir.as_ref().map(|d| base.join(d)),
+            inputs: resolve(&raw.inputs),
+            output_dir: raw.output_dir.as_deref().map(resolve),
             store,
             concurrency: concurrency
                 .map(|n| n as usize)
@@ -187,6 +188,24 @@ impl BatchSpec {
     pub fn from_value(value: &Value) -> Option<Self> {
         serde_json::from_value(value.clone()).ok()
     }
+}
+
+/// `path` without `.` components and with each `dir/..` pair removed (lexically).
+fn clean(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
 }
 
 /// `postgres://…`, `sqlite:…`: locations that are not plain file paths.
@@ -256,9 +275,9 @@ mod tests {
              rate_limit: {requests_per_minute: 500, tokens_per_minute: 200000}\ncontext: window\nbudget: 2000\n",
         )
         .unwrap();
-        assert_eq!(spec.skill, Path::new("/data/jobs/../skills/warehouse"));
+        assert_eq!(spec.skill, Path::new("/data/skills/warehouse"));
         assert_eq!(spec.model, "scripted:/data/jobs/answers.jsonl");
-        assert_eq!(spec.inputs, Path::new("/data/jobs/./in"));
+        assert_eq!(spec.inputs, Path::new("/data/jobs/in"));
         assert_eq!(
             spec.output_dir.as_deref(),
             Some(Path::new("/data/jobs/out"))
