@@ -543,6 +543,22 @@ async fn sigterm_drains_a_worker_and_another_finishes_its_tasks() {
         assert_eq!(task.queue, Some(QueueState::Queued), "{task:?}");
         assert_eq!(task.status, Some(TaskStatus::Running), "{task:?}");
     }
+    // The tasks it was running when the signal came stopped at a step boundary and were
+    // released: queued, unleased, their committed steps kept.
+    let log = std::fs::read_to_string(dir.join("worker1.log")).unwrap();
+    let released: Vec<&str> = log
+        .lines()
+        .filter(|l| l.ends_with("released (still queued)"))
+        .filter_map(|l| l.split(' ').nth(1))
+        .collect();
+    for id in &released {
+        let task = tasks.iter().find(|t| t.id == *id).unwrap();
+        assert_eq!(
+            (task.queue, task.leased),
+            (Some(QueueState::Queued), false),
+            "{task:?}"
+        );
+    }
 
     let mut second = spawn_worker(
         dir,
@@ -566,4 +582,8 @@ async fn sigterm_drains_a_worker_and_another_finishes_its_tasks() {
             .all(|t| t.status == Some(TaskStatus::Completed) && t.version == 3)
     );
     assert_no_duplicate(&ledger_keys(&ledger));
+    eprintln!(
+        "{} task(s) released by the drain, finished by the second worker",
+        released.len()
+    );
 }

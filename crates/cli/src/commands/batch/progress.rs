@@ -41,16 +41,29 @@ impl Tally {
         } else {
             "-".to_owned()
         };
+        let paused = if self.paused > 0 {
+            format!(" · {} paused", self.paused)
+        } else {
+            String::new()
+        };
         format!(
-            "{}/{} done ({} failed, {} paused) · {} running · {:.1} steps/s · {} prompt tokens · ETA {eta}",
+            "{}/{} done · {} failed{paused} · {} running · {:.1} steps/s · {} tok · ETA {eta}",
             self.finished(),
             self.total,
             self.failed,
-            self.paused,
             self.running,
             self.steps as f64 / secs,
-            self.tokens
+            short_count(self.tokens)
         )
+    }
+}
+
+/// `950`, `12.3k`, `2.4M`.
+fn short_count(n: u64) -> String {
+    match n {
+        0..=9_999 => n.to_string(),
+        10_000..=999_999 => format!("{:.1}k", n as f64 / 1e3),
+        _ => format!("{:.1}M", n as f64 / 1e6),
     }
 }
 
@@ -61,7 +74,7 @@ pub async fn follow(mut events: mpsc::UnboundedReceiver<WorkerEvent>, start: Tal
     let mut tally = start;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::with_draw_target(Some(tally.total), ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{bar:30.cyan/blue} {msg}") {
+        if let Ok(style) = ProgressStyle::with_template("{bar:20.cyan/blue} {wide_msg}") {
             bar.set_style(style.progress_chars("█▉▊▋▌▍▎▏ "));
         }
         bar.enable_steady_tick(Duration::from_millis(250));

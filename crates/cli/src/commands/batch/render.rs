@@ -49,8 +49,10 @@ fn labels(labels: &Value) -> String {
 }
 
 fn cost(report: &Report) -> String {
+    let reported = report.metrics.input_tokens + report.metrics.output_tokens;
     match (report.metrics.cost_usd, &report.batch.model) {
         (Some(cost), _) => format!("${cost:.4}"),
+        (None, _) if reported == 0 => "none (the model reported no token usage)".into(),
         (None, Some(model)) => format!("unknown (no [prices.\"{model}\"] in skillstate.toml)"),
         (None, None) => "unknown".into(),
     }
