@@ -103,9 +103,10 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
         BatchCommand::Run { file } => {
             let config = load_config(config_path)?;
             let spec = BatchSpec::load(&file)?;
+            let prepared = submit::prepare(&spec, &config).await?;
             let location = db.for_spec(&spec);
             let store = open_store(&location, &config).await?;
-            let submitted = submit::submit(store.as_ref(), &spec, &config).await?;
+            let submitted = prepared.submit(store.as_ref()).await?;
             errln!(
                 "batch {} submitted: {} task(s) in {}",
                 submitted.batch.id,
@@ -117,9 +118,10 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
         BatchCommand::Submit { file } => {
             let config = load_config(config_path)?;
             let spec = BatchSpec::load(&file)?;
+            let prepared = submit::prepare(&spec, &config).await?;
             let location = db.for_spec(&spec);
             let store = open_store(&location, &config).await?;
-            let submitted = submit::submit(store.as_ref(), &spec, &config).await?;
+            let submitted = prepared.submit(store.as_ref()).await?;
             outln!("{}", submitted.batch.id);
             errln!(
                 "{} task(s) queued in {}; run them with: skillstate{} worker --concurrency N",

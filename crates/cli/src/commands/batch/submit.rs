@@ -22,8 +22,23 @@ pub struct Submitted {
     pub tasks: Vec<String>,
 }
 
-/// Checks every input, then creates the batch and queues its tasks.
-pub async fn submit(store: &dyn Store, spec: &BatchSpec, config: &Config) -> Result<Submitted> {
+/// Every task of a batch file, checked and built, not stored yet.
+pub struct Prepared {
+    batch: NewBatch,
+    tasks: Vec<QueuedTask>,
+}
+
+impl Prepared {
+    /// Creates the batch and queues its tasks.
+    pub async fn submit(self, store: &dyn Store) -> Result<Submitted> {
+        let batch = store.create_batch(&self.batch).await?;
+        let tasks = store.enqueue_tasks(&batch.id, self.tasks).await?;
+        Ok(Submitted { batch, tasks })
+    }
+}
+
+/// Reads and checks every input of `spec` against its skill, without touching a database.
+pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     let skill = load_skill(&spec.skill)?;
     let inputs = read_inputs(&spec.inputs)?;
     let environment = skill.settings().environment.clone();
@@ -52,7 +67,7 @@ pub async fn submit(store: &dyn Store, spec: &BatchSpec, config: &Config) -> Res
     let prepared: Result<Vec<QueuedTask>> = inputs
         .iter()
         .map(|input| {
-            prepare(
+            prepare_one(
                 &skill,
                 environment.as_ref(),
                 toolbox.as_ref(),
@@ -64,22 +79,20 @@ pub async fn submit(store: &dyn Store, spec: &BatchSpec, config: &Config) -> Res
     if let Some(toolbox) = &toolbox {
         toolbox.shutdown().await;
     }
-    let prepared = prepared?;
-    let batch = store
-        .create_batch(&NewBatch {
+    Ok(Prepared {
+        batch: NewBatch {
             name: spec.name(),
             spec: spec.to_value(),
             on_error: spec.on_error,
             max_retry: spec.max_retry,
             rate_limit: spec.rate_limit,
-        })
-        .await?;
-    let tasks = store.enqueue_tasks(&batch.id, prepared).await?;
-    Ok(Submitted { batch, tasks })
+        },
+        tasks: prepared?,
+    })
 }
 
 /// The task one input describes, without storing it.
-fn prepare(
+fn prepare_one(
     skill: &Skill,
     environment: Option<&EnvironmentSettings>,
     toolbox: Option<&Toolbox>,
