@@ -361,6 +361,12 @@ async fn run_one(
         None => None,
     };
     let task = store.task(&id).await?;
+    if task.status == TaskStatus::Failed && !is_retryable(task.outcome.as_ref()) {
+        // Requeued, but a retry cannot change this failure (`max_steps`, a broken world): the
+        // queue is done with it and its recorded failure stays as it was.
+        let failure = failure_text(task.outcome.as_ref());
+        return settle_done(&store, &events, &id, &token, task.version, failure).await;
+    }
     let run = match run_hosted(
         &store,
         host.as_ref(),
@@ -461,6 +467,43 @@ async fn run_one(
         },
     );
     Ok(Outcome::Settled(run.status))
+}
+
+/// Settles a failed task's claim as done, keeping its failure.
+async fn settle_done(
+    store: &Arc<dyn Store>,
+    events: &Events,
+    id: &str,
+    token: &str,
+    steps: u64,
+    failure: String,
+) -> Result<Outcome, RuntimeError> {
+    match store
+        .settle_claim(id, token, &Settle::Done, Some(&failure))
+        .await
+    {
+        Ok(()) => {}
+        Err(StoreError::LeaseLost { .. }) => {
+            emit(
+                events,
+                WorkerEvent::LostLease {
+                    task: id.to_owned(),
+                },
+            );
+            return Ok(Outcome::Lost);
+        }
+        Err(other) => return Err(other.into()),
+    }
+    emit(
+        events,
+        WorkerEvent::Settled {
+            task: id.to_owned(),
+            status: TaskStatus::Failed,
+            steps,
+            failure: Some(failure),
+        },
+    );
+    Ok(Outcome::Settled(TaskStatus::Failed))
 }
 
 enum RunEnd {
