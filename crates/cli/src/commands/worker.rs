@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use async_trait::async_trait;
+use skillstate_providers::ModelProvider;
 use skillstate_runtime::{
     HostedTask, StopLevel, TaskHost, WorkerEvent, WorkerOptions, WorkerStats, run_worker,
 };
@@ -36,11 +37,28 @@ pub struct WorkerArgs {
 /// Rebuilds a stored task's world and model the way `skillstate resume` does.
 pub struct CliHost {
     pub config: Config,
+    /// HTTP providers are shared by every task of one model spec: one connection pool and one
+    /// in-process rate limiter per process, not per task. (Scripted models and the oracle keep
+    /// per-task state and are built for each task.)
+    shared: std::sync::Mutex<std::collections::HashMap<String, Arc<dyn ModelProvider>>>,
 }
 
-#[async_trait]
-impl TaskHost for CliHost {
-    async fn open(&self, task: &TaskRecord) -> Result<HostedTask, String> {
+impl CliHost {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            shared: Default::default(),
+        }
+    }
+
+    fn model_for(&self, task: &TaskRecord) -> Result<Arc<dyn ModelProvider>, String> {
+        let stateless = task.model.starts_with("openai:") || task.model.starts_with("anthropic:");
+        if stateless
+            && let Ok(shared) = self.shared.lock()
+            && let Some(model) = shared.get(&task.model)
+        {
+            return Ok(model.clone());
+        }
         let kind = task
             .environment
             .as_ref()
@@ -48,6 +66,17 @@ impl TaskHost for CliHost {
             .and_then(|k| k.as_str());
         let model = build_model(&task.model, &self.config.model, kind)
             .map_err(|e| format!("cannot build the model `{}`: {e:#}", task.model))?;
+        if stateless && let Ok(mut shared) = self.shared.lock() {
+            shared.insert(task.model.clone(), model.clone());
+        }
+        Ok(model)
+    }
+}
+
+#[async_trait]
+impl TaskHost for CliHost {
+    async fn open(&self, task: &TaskRecord) -> Result<HostedTask, String> {
+        let model = self.model_for(task)?;
         let world = world_of_task(task, &self.config, false)
             .await
             .map_err(|e| format!("cannot rebuild the task's world: {e:#}"))?;
@@ -132,7 +161,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: WorkerArgs) -> Resu
     }
     options.until_idle = args.until_idle;
     let stop = stop_on_signals("worker");
-    let host = Arc::new(CliHost { config });
+    let host = Arc::new(CliHost::new(config));
     let (sender, receiver) = mpsc::unbounded_channel();
     let printer = tokio::spawn(print_events(receiver));
     errln!(

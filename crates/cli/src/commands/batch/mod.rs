@@ -212,9 +212,7 @@ async fn drive(
         ..progress::Tally::default()
     };
     let follower = tokio::spawn(progress::follow(receiver, start));
-    let host = Arc::new(CliHost {
-        config: config.clone(),
-    });
+    let host = Arc::new(CliHost::new(config.clone()));
     let result = run_worker(store.clone(), host, options, stop.clone(), Some(sender)).await;
     let level = *stop.borrow();
     if level == StopLevel::Now {
