@@ -4,6 +4,7 @@
 
 mod chart;
 mod job;
+pub mod long_task;
 mod report;
 pub mod stats;
 

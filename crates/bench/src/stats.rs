@@ -23,6 +23,18 @@ pub fn mean_sd(values: &[f64]) -> MeanSd {
     MeanSd { mean, sd }
 }
 
+/// The middle value (the mean of the two middle values for an even count); 0 when empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 /// `y ≈ intercept + slope · x`, with the coefficient of determination.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LinearFit {
@@ -62,6 +74,13 @@ pub fn linear_fit(xs: &[f64], ys: &[f64]) -> LinearFit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 
     #[test]
     fn mean_sd_and_fit() {

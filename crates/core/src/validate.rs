@@ -178,7 +178,9 @@ pub struct AcceptedStep {
     pub action: Action,
     pub new_state: Value,
     pub state_hash: String,
-    pub state_tokens: usize,
+    /// The new state's size in o200k_base tokens of its compact JSON; `None` when it was not
+    /// counted because its byte length already fits the state budget.
+    pub state_tokens: Option<usize>,
 }
 
 /// An output that failed: every problem found, and what could be parsed.
@@ -234,7 +236,7 @@ fn check_patch(
     state: &Value,
     raw_patch: &Value,
     rejections: &mut Vec<Rejection>,
-) -> Option<(StatePatch, Value, usize)> {
+) -> Option<(StatePatch, Value, Option<usize>)> {
     let patch = match StatePatch::from_value(raw_patch) {
         Ok(patch) => patch,
         Err(problem) => {
@@ -289,8 +291,11 @@ fn check_patch(
         return None;
     }
 
-    let state_tokens = count_tokens(&serde_json::to_string(&new_state).unwrap_or_default());
-    if state_tokens > rules.state_token_budget {
+    // A token is at least one byte: a state whose compact JSON fits the budget in bytes is
+    // not counted (counting the whole state at every step dominated validation).
+    let compact = serde_json::to_string(&new_state).unwrap_or_default();
+    let state_tokens = (compact.len() > rules.state_token_budget).then(|| count_tokens(&compact));
+    if let Some(state_tokens) = state_tokens.filter(|t| *t > rules.state_token_budget) {
         rejections.push(Rejection {
             kind: RejectionKind::StateBudget,
             document: Document::State,

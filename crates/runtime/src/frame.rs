@@ -80,9 +80,10 @@ pub async fn rebuild_prompt(
 ) -> Result<(Prompt, String), RuntimeError> {
     let frame = TaskFrame::new(task)?;
     let journal = store.journal(&task.id).await?;
-    let entry = journal
+    let recorded_hash = journal
         .iter()
         .find(|e| e.step == step && e.attempt == attempt)
+        .map(|e| e.prompt_hash.clone())
         .ok_or_else(|| RuntimeError::StoredTask {
             task: task.id.clone(),
             message: format!("the journal has no attempt {attempt} at step {step}"),
@@ -104,21 +105,22 @@ pub async fn rebuild_prompt(
         None => Vec::new(),
     };
     let turns = if task.context.uses_turns() {
-        load_turns(store, &task.id, step - 1).await?
+        turns_from(store, &task.id, journal, step - 1).await?
     } else {
         Vec::new()
     };
     Ok((
         frame.prompt(&state, &observation, &retry, &turns),
-        entry.prompt_hash.clone(),
+        recorded_hash,
     ))
 }
 
-/// The accepted steps up to `up_to` as transcript turns, from the journal, observations and
-/// action results.
-pub(crate) async fn load_turns(
+/// The accepted steps up to `up_to` as transcript turns, from the task's journal (read by the
+/// caller, once), its observations and its action results.
+pub(crate) async fn turns_from(
     store: &dyn Store,
     task: &str,
+    journal: Vec<JournalEntry>,
     up_to: u64,
 ) -> Result<Vec<Turn>, RuntimeError> {
     let observations: BTreeMap<u64, String> = store.observations(task).await?.into_iter().collect();
@@ -128,9 +130,7 @@ pub(crate) async fn load_turns(
         .into_iter()
         .map(|i| (i.step, i.result))
         .collect();
-    Ok(store
-        .journal(task)
-        .await?
+    Ok(journal
         .into_iter()
         .filter(|e| e.verdict == Verdict::Accepted && e.step <= up_to)
         .map(|e| Turn {

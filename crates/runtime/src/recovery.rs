@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use skillstate_core::Rejection;
 use skillstate_core::json::state_hash;
 use skillstate_core::skill::UnknownOutcome;
-use skillstate_store::{Store, StoreError, TaskRecord, TaskStatus};
+use skillstate_store::{JournalEntry, Store, StoreError, TaskRecord, TaskStatus};
 use skillstate_tools::{Tool, ToolOutput};
 
+use crate::frame::rejections_of;
 use crate::step_loop::Runner;
 use crate::{RunOutcome, RuntimeError};
 
@@ -78,6 +80,31 @@ pub async fn check_continuity(store: &dyn Store, task: &TaskRecord) -> Result<()
         .into());
     }
     Ok(())
+}
+
+/// The answers a step already had when a run reached it: read from the journal once, when the
+/// run starts (a resume in the middle of a step), and kept in memory from then on, so answers
+/// rejected before a crash still count against the step's retries and the last one's errors
+/// are still shown to the model.
+#[derive(Debug, Default)]
+pub(crate) struct Attempts {
+    pub(crate) step: u64,
+    /// Answers recorded for the step (all rejected: an accepted one ends the step).
+    pub(crate) made: u32,
+    /// The errors of the last of them.
+    pub(crate) last_errors: Vec<Rejection>,
+}
+
+impl Attempts {
+    /// The answers `journal` holds for `step`.
+    pub(crate) fn at(journal: &[JournalEntry], step: u64) -> Self {
+        let answers: Vec<&JournalEntry> = journal.iter().filter(|e| e.step == step).collect();
+        Self {
+            step,
+            made: u32::try_from(answers.len()).unwrap_or(u32::MAX),
+            last_errors: answers.last().map(|e| rejections_of(e)).unwrap_or_default(),
+        }
+    }
 }
 
 /// The first attempt number whose answers count against the current step's retry budget: 1,
@@ -171,13 +198,7 @@ impl Runner<'_> {
             });
         }
         let step = task.version + 1;
-        let made = self
-            .store
-            .journal(&task.id)
-            .await?
-            .iter()
-            .filter(|e| e.step == step)
-            .count();
+        let made = Attempts::at(&self.store.journal(&task.id).await?, step).made;
         let outcome = json!({
             "reason": "retrying",
             "step": step,

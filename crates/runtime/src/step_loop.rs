@@ -1,6 +1,7 @@
 //! The runner: drives one task through its steps, committing each accepted step atomically.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -23,13 +24,13 @@ use skillstate_tools::{
 };
 
 use crate::RuntimeError;
-use crate::frame::{TaskFrame, load_turns, rejections_of};
+use crate::frame::{TaskFrame, turns_from};
 use crate::lease::{HeldLease, LeasePolicy};
-use crate::recovery::{budget_start, check_continuity};
+use crate::recovery::{Attempts, budget_start, check_continuity};
 use crate::select::select_tools;
 
 /// Hooks for progress reporting; every method has a no-op default.
-pub trait RunObserver: Send {
+pub trait RunObserver: Send + Sync {
     fn attempt(
         &mut self,
         step: u64,
@@ -91,6 +92,18 @@ pub async fn start_task(
     env: &mut dyn Environment,
     options: &TaskOptions,
 ) -> Result<TaskRecord, RuntimeError> {
+    let task = prepare_task(skill, env, options)?;
+    Ok(store
+        .create_task(task, &skill.definition.initial_state)
+        .await?)
+}
+
+/// What `start_task` stores, without storing it (a batch queues many at once).
+pub fn prepare_task(
+    skill: &Skill,
+    env: &mut dyn Environment,
+    options: &TaskOptions,
+) -> Result<NewTask, RuntimeError> {
     let tools = select_tools(&env.tools(), &skill.settings().tools)?;
     let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     ToolCatalog::new(specs.clone())?;
@@ -114,9 +127,7 @@ pub async fn start_task(
         env_checkpoint: Some(env.checkpoint()),
         opening_observation,
     };
-    Ok(store
-        .create_task(task, &skill.definition.initial_state)
-        .await?)
+    Ok(task)
 }
 
 /// Drives tasks with one model and one environment. Every entry point (`run`, `retry`,
@@ -134,6 +145,8 @@ pub struct Runner<'a> {
     secrets: Redactor,
     /// The longest any tool call may take (a tool's own, longer limit wins).
     tool_limit: Duration,
+    /// Set by a draining worker: stop at the next step boundary, the task left running.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -143,6 +156,14 @@ enum Entry<'s> {
     Approve,
     Reject(&'s str),
     Reply(&'s str),
+}
+
+/// The retry budget of one step.
+struct StepBudget {
+    /// The first attempt whose answer counts against the budget.
+    first_counted: u32,
+    /// The answers the step had before this run reached it.
+    earlier: Attempts,
 }
 
 enum StepEnd {
@@ -166,8 +187,17 @@ impl<'a> Runner<'a> {
             lease: None,
             secrets: Redactor::new(model.secret_values()),
             tool_limit: DEFAULT_CALL_LIMIT,
+            stop: None,
             model,
         }
+    }
+
+    /// Stops at the next step boundary once `stop` is set: the step in flight commits and its
+    /// action's result is recorded, then `run` returns with the task still running (another
+    /// runner continues it).
+    pub fn with_stop(mut self, stop: Arc<AtomicBool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// The longest a tool call may take before it becomes a "timed out" observation.
@@ -238,6 +268,28 @@ impl<'a> Runner<'a> {
         result
     }
 
+    /// Runs a task whose lease a worker's claim already took (`token`), renewing it while it
+    /// runs; `retry` continues a failed task with a fresh retry budget. The lease stays held
+    /// when this returns, for the worker to settle the claim.
+    pub async fn run_claimed(
+        &mut self,
+        task_id: &str,
+        token: &str,
+        retry: bool,
+    ) -> Result<RunOutcome, RuntimeError> {
+        let lease = HeldLease::adopt(self.store.clone(), task_id, token, self.lease_policy.ttl);
+        self.lease = Some(lease);
+        let result = if retry {
+            self.retry_held(task_id).await
+        } else {
+            self.run_held(task_id).await
+        };
+        if let Some(lease) = self.lease.take() {
+            lease.keep();
+        }
+        result
+    }
+
     /// `Err` when this runner no longer holds its task's lease.
     pub(crate) fn check_lease(&self) -> Result<(), RuntimeError> {
         match &self.lease {
@@ -268,8 +320,14 @@ impl<'a> Runner<'a> {
                 });
             }
         }
+        // The journal is read once per run; from here on the runner keeps what the next steps
+        // need (answers already given at the current step, transcript turns) in memory, so a
+        // step's store work does not grow with the steps already taken. Only one runner drives
+        // a task (the lease), so nothing else appends to the journal meanwhile.
         let journal = self.store.journal(&task.id).await?;
         self.model.skip_calls(journal.len());
+        let earlier = Attempts::at(&journal, task.version + 1);
+        let journal = task.context.uses_turns().then_some(journal);
 
         let unknown = frame.skill.settings().run.on_unknown_outcome;
         if task.status == TaskStatus::Running
@@ -277,12 +335,14 @@ impl<'a> Runner<'a> {
                 .settle_pending_intent(&task.id, task.version, &env_tools, unknown)
                 .await?
         {
-            let mut turns = if task.context.uses_turns() {
-                load_turns(self.store.as_ref(), &task.id, task.version).await?
-            } else {
-                Vec::new()
+            let mut turns = match journal {
+                Some(journal) => {
+                    turns_from(self.store.as_ref(), &task.id, journal, task.version).await?
+                }
+                None => Vec::new(),
             };
-            self.drive(&task, &frame, &env_tools, &mut turns).await?;
+            self.drive(&task, &frame, &env_tools, &mut turns, earlier)
+                .await?;
         }
         let final_task = self.store.task(&task.id).await?;
         Ok(RunOutcome {
@@ -300,11 +360,17 @@ impl<'a> Runner<'a> {
         frame: &TaskFrame,
         env_tools: &[Arc<dyn Tool>],
         turns: &mut Vec<Turn>,
+        earlier: Attempts,
     ) -> Result<(), RuntimeError> {
+        // Only the run's first step can have answers from before this run.
+        let mut earlier = Some(earlier);
         let mut state = task.state.clone();
         let mut version = task.version;
         let max_steps = u64::from(frame.skill.settings().run.max_steps);
         loop {
+            if self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                return Ok(());
+            }
             if self.env.episode_over() {
                 let outcome = json!({"reason": "episode_over", "environment": self.env.outcome()});
                 return self.finish(&task.id, TaskStatus::Completed, outcome).await;
@@ -316,13 +382,19 @@ impl<'a> Runner<'a> {
                 });
                 return self.finish(&task.id, TaskStatus::Failed, outcome).await;
             }
-            let first_counted = budget_start(task.outcome.as_ref(), version + 1);
+            let budget = StepBudget {
+                first_counted: budget_start(task.outcome.as_ref(), version + 1),
+                earlier: earlier
+                    .take()
+                    .filter(|a| a.step == version + 1)
+                    .unwrap_or_default(),
+            };
             if let StepEnd::Stop = self
                 .step(
                     &task.id,
                     frame,
                     (&mut state, &mut version),
-                    first_counted,
+                    budget,
                     env_tools,
                     turns,
                 )
@@ -345,14 +417,14 @@ impl<'a> Runner<'a> {
     }
 
     /// One step: ask the model until an answer is accepted or retries run out, commit it, act.
-    /// Answers from attempt `first_counted` on count against the retry budget (1 unless a
-    /// `retry` restarted it).
+    /// Answers from attempt `budget.first_counted` on count against the retry budget (1 unless
+    /// a `retry` restarted it); `budget.earlier` are the answers the step already had.
     async fn step(
         &mut self,
         task: &str,
         frame: &TaskFrame,
         (state, version): (&mut Value, &mut u64),
-        first_counted: u32,
+        budget: StepBudget,
         env_tools: &[Arc<dyn Tool>],
         turns: &mut Vec<Turn>,
     ) -> Result<StepEnd, RuntimeError> {
@@ -371,15 +443,12 @@ impl<'a> Runner<'a> {
             catalog: &frame.catalog,
             state_token_budget: settings.budgets.state_tokens,
         };
-        let journal = self.store.journal(task).await?;
-        let done_attempts: Vec<&JournalEntry> = journal.iter().filter(|e| e.step == step).collect();
-        let mut retry: Vec<Rejection> = done_attempts
-            .last()
-            .map(|e| rejections_of(e))
-            .unwrap_or_default();
-        let first_attempt = u32::try_from(done_attempts.len())
-            .unwrap_or(u32::MAX)
-            .saturating_add(1);
+        let StepBudget {
+            first_counted,
+            earlier,
+        } = budget;
+        let mut retry: Vec<Rejection> = earlier.last_errors;
+        let first_attempt = earlier.made.saturating_add(1);
         let max_attempts = settings.run.max_retries.saturating_add(1);
         let last_attempt = first_counted.saturating_sub(1).saturating_add(max_attempts);
 

@@ -3,6 +3,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use skillstate_bench::long_task::{
+    CURVE_MAX_STEPS, CURVE_MIN_STEPS, CurveConfig, CurveModel, run_curve,
+};
 use skillstate_bench::{BenchConfig, run_bench, write_outputs};
 use skillstate_core::ContextStrategy;
 
@@ -22,9 +25,9 @@ pub struct BenchArgs {
     /// Number of seeds (0, 1, 2, ...).
     #[arg(long, default_value_t = 5)]
     seeds: u64,
-    /// Context strategies to compare.
-    #[arg(long, value_delimiter = ',', default_value = "state,history,summary,stateful,window", value_parser = parse_strategy)]
-    strategies: Vec<ContextStrategy>,
+    /// Context strategies to compare (default: all five; with --long-task: state).
+    #[arg(long, value_delimiter = ',', value_parser = parse_strategy)]
+    strategies: Option<Vec<ContextStrategy>>,
     /// Token budget for `window` (default 1800) and `summary` (capped only when given).
     #[arg(long, value_parser = crate::limits::parse_budget)]
     budget: Option<usize>,
@@ -43,6 +46,15 @@ pub struct BenchArgs {
     /// Runs at once (default: the number of cores).
     #[arg(long)]
     jobs: Option<usize>,
+    /// Instead of the strategy table: run ONE task of this many steps on a SQLite file with
+    /// synchronous=FULL and report the median in-loop step time of steps 100–200 and of the
+    /// last 100 steps, and their ratio (long_task.json in --out). Scripted answers keep the
+    /// state's size fixed; with --model oracle the real episode runs (seed 0).
+    #[arg(long, value_name = "STEPS", conflicts_with_all = ["horizons", "noise", "drift", "budget", "jobs"])]
+    long_task: Option<u32>,
+    /// With --long-task: commit with synchronous=NORMAL instead of FULL.
+    #[arg(long, requires = "long_task")]
+    normal_sync: bool,
 }
 
 /// Most seeds one bench runs: every seed is a run in every cell of the table.
@@ -68,6 +80,9 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
             args.environment,
             skill_dir.display()
         );
+    }
+    if let Some(steps) = args.long_task {
+        return long_task(&skill_dir, &args, steps);
     }
     if !(1..=MAX_SEEDS).contains(&args.seeds) {
         bail!("--seeds must be from 1 to {MAX_SEEDS} (each seed is one run per cell)");
@@ -102,7 +117,10 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
         environment: args.environment.clone(),
         horizons,
         seeds: (0..args.seeds).collect(),
-        strategies: args.strategies.clone(),
+        strategies: args
+            .strategies
+            .clone()
+            .unwrap_or_else(|| ContextStrategy::ALL.to_vec()),
         budget: args.budget,
         noise: args.noise.clone(),
         drifts,
@@ -144,5 +162,61 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
         );
         return Ok(ExitCode::FAILURE);
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--long-task`: one task of `steps` steps, its step-time curve.
+fn long_task(skill_dir: &Path, args: &BenchArgs, steps: u32) -> Result<ExitCode> {
+    if !(CURVE_MIN_STEPS..=CURVE_MAX_STEPS).contains(&steps) {
+        bail!(
+            "--long-task must be from {CURVE_MIN_STEPS} to {CURVE_MAX_STEPS} steps (the early window is steps 100–200)"
+        );
+    }
+    // The default answers keep the state's size fixed; `--model oracle` runs the real episode.
+    let model = match args.model.model.as_deref() {
+        None => CurveModel::Steady,
+        Some("oracle") => CurveModel::Oracle,
+        Some(other) => bail!(
+            "--long-task measures the runtime, not a model: drop --model `{other}` (fixed-size state) or pass --model oracle (the real episode)"
+        ),
+    };
+    let strategy = match args.strategies.as_deref() {
+        None => ContextStrategy::State,
+        Some([one]) => *one,
+        Some(_) => bail!("--long-task runs one task: give at most one strategy"),
+    };
+    let config = CurveConfig {
+        steps,
+        model,
+        seed: 0,
+        strategy,
+        full_sync: !args.normal_sync,
+        dir: std::env::temp_dir(),
+    };
+    let bar = ProgressBar::new(u64::from(steps));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} steps")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let ticks = bar.clone();
+    let report = tokio::runtime::Handle::current()
+        .block_on(run_curve(
+            skill_dir,
+            &config,
+            Box::new(move |step| {
+                if step % 100 == 0 {
+                    ticks.set_position(step)
+                }
+            }),
+        ))
+        .with_context(|| format!("bench {} --long-task {steps}", args.environment))?;
+    bar.finish_and_clear();
+    out!("{}", report.text());
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let path = args.out.join("long_task.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    outln!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::skill::SkillDefinition;
-use crate::tokens::{count_tokens, truncate_to_tokens};
+use crate::tokens::{count_tokens, fits_in_tokens, truncate_to_tokens};
 use crate::tool::ToolSpec;
 use crate::validate::Rejection;
 
@@ -346,6 +346,9 @@ fn push_retry(body: &mut String, retry: &[Rejection]) {
 
 /// Cuts an observation to `budget` tokens, with a visible marker when anything was removed.
 pub fn fit_observation(observation: &str, budget: usize) -> String {
+    if fits_in_tokens(observation, budget) {
+        return observation.to_owned();
+    }
     let (kept, total) = truncate_to_tokens(observation, budget);
     if kept.len() == observation.len() {
         return kept;

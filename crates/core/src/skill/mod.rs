@@ -398,8 +398,12 @@ impl<'a> Loader<'a> {
             return None;
         }
         if let Some(settings) = settings {
-            let tokens = count_tokens(&serde_json::to_string(&state).unwrap_or_default());
-            if tokens > settings.budgets.state_tokens {
+            // Counted only when the bytes do not already fit (a token is at least one byte),
+            // so loading a skill does not build the tokenizer.
+            let compact = serde_json::to_string(&state).unwrap_or_default();
+            let budget = settings.budgets.state_tokens;
+            let tokens = (compact.len() > budget).then(|| count_tokens(&compact));
+            if let Some(tokens) = tokens.filter(|t| *t > budget) {
                 self.error(
                     INIT_FILE,
                     None,
