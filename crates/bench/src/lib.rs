@@ -5,6 +5,7 @@
 mod chart;
 mod job;
 pub mod long_task;
+pub mod queue;
 mod report;
 pub mod stats;
 

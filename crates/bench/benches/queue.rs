@@ -1,0 +1,110 @@
+//! Queue throughput: durable steps per second through workers.
+//!
+//! ```text
+//! cargo bench -p skillstate-bench --bench queue -- [--tasks 10000] [--steps 20]
+//!     [--concurrency 64] [--processes 1] [--db FILE | postgres://…]
+//! ```
+//! Without `--db` a fresh SQLite file (synchronous = FULL) in a temporary directory is used.
+//! With `--processes N > 1` the tasks are run by N worker processes (this program re-run with
+//! `--join BATCH`), each with `--concurrency` slots. Prints one JSON line of figures.
+
+use std::sync::Arc;
+
+use skillstate_bench::queue::{run_queue_bench, work};
+
+struct Args {
+    tasks: usize,
+    steps: u32,
+    concurrency: usize,
+    processes: usize,
+    db: Option<String>,
+    join: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        tasks: 10_000,
+        steps: 20,
+        concurrency: 64,
+        processes: 1,
+        db: None,
+        join: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |text: String| -> Result<usize, String> {
+            text.parse()
+                .map_err(|_| format!("{flag}: `{text}` is not a positive number"))
+        };
+        match flag.as_str() {
+            "--tasks" => args.tasks = number(value()?)?,
+            "--steps" => {
+                args.steps = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?
+            }
+            "--concurrency" => args.concurrency = number(value()?)?.max(1),
+            "--processes" => args.processes = number(value()?)?.max(1),
+            "--db" => args.db = Some(value()?),
+            "--join" => args.join = Some(value()?),
+            // cargo bench passes --bench; ignore it.
+            "--bench" => {}
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = parse()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let location = match &args.db {
+            Some(db) => db.clone(),
+            None => dir.path().join("queue.db").display().to_string(),
+        };
+        let store = skillstate_store::open(&location)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(batch) = &args.join {
+            let done = work(store, batch, args.steps, args.concurrency).await?;
+            eprintln!(
+                "worker {}: {} tasks, {:.0} steps/s",
+                std::process::id(),
+                done.stats.completed,
+                done.steps_per_sec()
+            );
+            return Ok(());
+        }
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let join = |batch: &str| {
+            tokio::process::Command::new(&exe)
+                .args(["--join", batch, "--db", &location])
+                .args(["--steps", &args.steps.to_string()])
+                .args(["--concurrency", &args.concurrency.to_string()])
+                .kill_on_drop(true)
+                .spawn()
+        };
+        let report = run_queue_bench(
+            Arc::clone(&store),
+            args.tasks,
+            args.steps,
+            args.concurrency,
+            args.processes,
+            join,
+        )
+        .await?;
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+        Ok(())
+    })
+}

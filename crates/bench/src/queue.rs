@@ -1,0 +1,272 @@
+//! `skillstate bench queue`: durable steps per second through the work queue.
+//!
+//! N tasks of a small counting skill are queued in one batch; workers run them with a scripted
+//! model (each task's answers known in advance, so the model costs nothing) and a no-op
+//! read-only tool. Every step goes through the whole runtime: prompt, validation, commit of
+//! the step and of the tool's result, leases. What is measured is the runtime and the store.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use skillstate_core::skill::SkillSettings;
+use skillstate_core::{ContextStrategy, Skill, SkillDefinition, ToolSpec, tool::SideEffect};
+use skillstate_providers::ScriptedModel;
+use skillstate_runtime::{
+    HostedTask, StopLevel, TaskHost, TaskOptions, WorkerOptions, WorkerStats, prepare_task,
+    run_worker,
+};
+use skillstate_store::{NewBatch, OnError, QueuedTask, RateLimit, Store, TaskRecord};
+use skillstate_tools::{CallContext, Environment, Tool, ToolError, ToolOutput, UserRequest};
+
+/// The skill every benchmark task runs: count up to `steps`, one tool call per step.
+pub fn counter_skill(steps: u32) -> Result<Skill, String> {
+    let mut settings = SkillSettings::default();
+    settings.tools.allow = vec![SOURCE.into()];
+    settings.run.max_steps = steps.saturating_add(1);
+    Skill::from_definition(SkillDefinition {
+        name: "counter".into(),
+        description: "Counts steps; the queue benchmark's workload.".into(),
+        metadata: None,
+        procedure: "Each step: set `count` to the step number and call `tick`. After the last step, finish.".into(),
+        schema: json!({
+            "type": "object",
+            "properties": {"count": {"type": "integer", "minimum": 0}},
+            "required": ["count"],
+            "additionalProperties": false
+        }),
+        initial_state: json!({"count": 0}),
+        settings,
+    })
+}
+
+const SOURCE: &str = "bench";
+
+/// The answers a task of `steps` steps gets: `steps` ticks, then `finish`.
+pub fn counter_answers(steps: u32) -> Vec<String> {
+    let mut answers: Vec<String> = (1..=steps)
+        .map(|i| {
+            json!({
+                "reasoning": "next tick",
+                "state_patch": {"count": i},
+                "action": {"tool": "tick", "args": {}}
+            })
+            .to_string()
+        })
+        .collect();
+    answers.push(
+        json!({"reasoning": "done", "state_patch": {}, "action": {"tool": "finish", "args": {"result": "counted"}}})
+            .to_string(),
+    );
+    answers
+}
+
+/// A read-only tool that does nothing.
+struct Tick {
+    spec: ToolSpec,
+}
+
+impl Tick {
+    fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "tick".into(),
+                description: "Does nothing.".into(),
+                input_schema: json!({"type": "object", "additionalProperties": false}),
+                side_effect: SideEffect::ReadOnly,
+                source: SOURCE.into(),
+                needs_approval: false,
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Tick {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    async fn call(&self, _args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::success("ok"))
+    }
+}
+
+fn environment() -> Box<dyn Environment> {
+    Box::new(UserRequest::new("count").with_tools(vec![Arc::new(Tick::new())]))
+}
+
+/// Rebuilds each claimed benchmark task's world and model.
+pub struct CounterHost {
+    pub steps: u32,
+}
+
+#[async_trait]
+impl TaskHost for CounterHost {
+    async fn open(&self, _task: &TaskRecord) -> Result<HostedTask, String> {
+        Ok(HostedTask {
+            env: environment(),
+            model: Arc::new(ScriptedModel::from_outputs(
+                "counter.jsonl".into(),
+                counter_answers(self.steps),
+            )),
+            resources: None,
+        })
+    }
+}
+
+/// Queues `tasks` counter tasks of `steps` steps in a new batch; returns its id.
+pub async fn submit(store: &dyn Store, tasks: usize, steps: u32) -> Result<String, String> {
+    let skill = counter_skill(steps)?;
+    let batch = store
+        .create_batch(&NewBatch {
+            name: format!("bench queue {tasks}x{steps}"),
+            spec: json!({"tasks": tasks, "steps": steps}),
+            on_error: OnError::SkipAndLog,
+            max_retry: 0,
+            rate_limit: RateLimit::default(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let options = TaskOptions::new("scripted:counter.jsonl", ContextStrategy::State);
+    const CHUNK: usize = 1000;
+    let mut left = tasks;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        let mut queued = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut env = environment();
+            let task = prepare_task(&skill, env.as_mut(), &options).map_err(|e| e.to_string())?;
+            queued.push(QueuedTask {
+                task,
+                initial_state: skill.definition.initial_state.clone(),
+                labels: json!({}),
+            });
+        }
+        store
+            .enqueue_tasks(&batch.id, queued)
+            .await
+            .map_err(|e| e.to_string())?;
+        left -= n;
+    }
+    Ok(batch.id)
+}
+
+/// What one worker measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Throughput {
+    pub stats: WorkerStats,
+    pub steps: u64,
+    pub elapsed: Duration,
+}
+
+impl Throughput {
+    pub fn steps_per_sec(&self) -> f64 {
+        self.steps as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Runs a worker on `batch` until nothing is left, and counts the steps it committed.
+pub async fn work(
+    store: Arc<dyn Store>,
+    batch: &str,
+    steps: u32,
+    concurrency: usize,
+) -> Result<Throughput, String> {
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(StopLevel::Run);
+    let options = WorkerOptions {
+        concurrency,
+        batch: Some(batch.to_owned()),
+        until_idle: true,
+        poll: Duration::from_millis(20),
+        ..WorkerOptions::default()
+    };
+    let started = Instant::now();
+    let stats = run_worker(
+        store,
+        Arc::new(CounterHost { steps }),
+        options,
+        stop_rx,
+        None,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    Ok(Throughput {
+        stats,
+        // Each completed task committed `steps` ticks and its finish.
+        steps: stats.completed * (u64::from(steps) + 1),
+        elapsed,
+    })
+}
+
+/// The figures of one `bench queue` run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueueReport {
+    pub tasks: usize,
+    pub steps_per_task: u32,
+    pub processes: usize,
+    pub concurrency: usize,
+    pub submit_secs: f64,
+    pub run_secs: f64,
+    pub completed: u64,
+    pub failed: u64,
+    /// Durable steps (accepted, committed, tool result committed) per second of run time.
+    pub steps_per_sec: f64,
+}
+
+/// Queues the tasks, then runs them with `processes` worker processes (`1`: this process).
+/// `join` is how to start one more worker process on a batch: it gets the batch id and must
+/// run `work` to the end and exit (the CLI re-runs itself with `bench queue --join`).
+pub async fn run_queue_bench(
+    store: Arc<dyn Store>,
+    tasks: usize,
+    steps: u32,
+    concurrency: usize,
+    processes: usize,
+    join: impl Fn(&str) -> std::io::Result<tokio::process::Child>,
+) -> Result<QueueReport, String> {
+    let started = Instant::now();
+    let batch = submit(store.as_ref(), tasks, steps).await?;
+    let submit_secs = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    if processes <= 1 {
+        work(store.clone(), &batch, steps, concurrency).await?;
+    } else {
+        let mut children = Vec::new();
+        for _ in 0..processes {
+            children.push(join(&batch).map_err(|e| format!("cannot start a worker process: {e}"))?);
+        }
+        for mut child in children {
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| format!("waiting for a worker process: {e}"))?;
+            if !status.success() {
+                return Err(format!("a worker process failed: {status}"));
+            }
+        }
+    }
+    let run_secs = started.elapsed().as_secs_f64();
+    let rows = store.batch_tasks(&batch).await.map_err(|e| e.to_string())?;
+    let completed = rows
+        .iter()
+        .filter(|t| t.status == Some(skillstate_store::TaskStatus::Completed))
+        .count() as u64;
+    let failed = rows
+        .iter()
+        .filter(|t| t.status == Some(skillstate_store::TaskStatus::Failed))
+        .count() as u64;
+    let steps_done: u64 = rows.iter().map(|t| t.version).sum();
+    Ok(QueueReport {
+        tasks,
+        steps_per_task: steps,
+        processes: processes.max(1),
+        concurrency,
+        submit_secs,
+        run_secs,
+        completed,
+        failed,
+        steps_per_sec: steps_done as f64 / run_secs.max(1e-9),
+    })
+}
