@@ -11,6 +11,10 @@ pub enum StoreError {
     NotFound(String),
     #[error("`{prefix}` matches {count} tasks; give more characters of the id")]
     Ambiguous { prefix: String, count: usize },
+    #[error("no batch matches `{0}`; list batches with `skillstate batches`")]
+    NoSuchBatch(String),
+    #[error("`{prefix}` matches {count} batches; give more characters of the batch id")]
+    AmbiguousBatch { prefix: String, count: usize },
     #[error(
         "task {task} is at version {actual}, not {expected}: another writer committed first; reload the task and retry"
     )]

@@ -14,6 +14,7 @@ mod migrate;
 mod model;
 mod postgres;
 mod queue;
+mod queue_rows;
 mod rows;
 mod sqlite;
 pub mod time;
@@ -120,11 +121,4 @@ pub(crate) fn now_millis() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-pub(crate) fn queue_todo() -> StoreError {
-    StoreError::Decode {
-        what: "queue".into(),
-        message: "not implemented yet".into(),
-    }
 }

@@ -22,6 +22,11 @@ pub const SQLITE: &[Migration] = &[
         name: "leases",
         sql: include_str!("../migrations/sqlite/0002_leases.sql"),
     },
+    Migration {
+        version: 3,
+        name: "queue",
+        sql: include_str!("../migrations/sqlite/0003_queue.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -34,6 +39,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 2,
         name: "leases",
         sql: include_str!("../migrations/postgres/0002_leases.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "queue",
+        sql: include_str!("../migrations/postgres/0003_queue.sql"),
     },
 ];
 

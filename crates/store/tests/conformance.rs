@@ -10,6 +10,9 @@
 #[path = "../../../test-support/skip.rs"]
 mod skip;
 
+#[path = "conformance/queue.rs"]
+mod queue;
+
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Once};
@@ -1228,11 +1231,11 @@ async fn concurrent_and_repeated_opens_apply_each_migration_once() -> anyhow::Re
             stores.push(open.await??);
         }
         let again = db.open().await?;
-        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 2);
+        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 3);
         assert_eq!(
             db.count("SELECT MAX(version) FROM schema_migrations")
                 .await?,
-            2
+            3
         );
 
         let task = stores[0].create_task(new_task(), &json!({"x": 1})).await?;
@@ -1254,7 +1257,7 @@ async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
         match db.open().await {
             Err(StoreError::SchemaTooNew {
                 found: 999,
-                supported: 2,
+                supported: 3,
             }) => {}
             Err(other) => bail!("expected SchemaTooNew, got {other}"),
             Ok(_) => bail!("a newer schema was accepted"),

@@ -1,6 +1,6 @@
 //! The server backend: PostgreSQL, for several runners sharing one store. One module per
-//! concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs`; this one connects and resolves
-//! ids.
+//! concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `rate.rs` and `report.rs`);
+//! this one connects and resolves ids.
 //!
 //! It keeps the SQLite backend's behaviour to the byte: the same text in every JSON column, the
 //! same snapshot rule, the same errors. Where SQLite serialises writers with `BEGIN IMMEDIATE`,
@@ -20,7 +20,13 @@ use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 mod journal;
 mod leases;
 mod queue;
+mod rate;
+mod report;
 mod tasks;
+
+/// The server's clock in unix milliseconds, as SQL: leases, claims, backoffs and rate windows
+/// are timed by it, so workers on machines with skewed clocks agree.
+pub(super) const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
 
 /// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server.
 const MAX_CONNECTIONS: u32 = 8;

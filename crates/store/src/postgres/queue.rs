@@ -1,68 +1,318 @@
-//! The work queue on PostgreSQL.
+//! The work queue on PostgreSQL: batches, claims and settles. A claim is one `UPDATE` of the
+//! task its subquery picks `FOR UPDATE SKIP LOCKED`, so workers on many machines claim different
+//! tasks without waiting on each other; times come from the server's clock, as for leases.
 
 use async_trait::async_trait;
+use skillstate_core::json::state_hash;
+use sqlx::{AssertSqlSafe, Row};
 
-use super::PostgresStore;
-use crate::Result;
+use super::{NOW_MS, PostgresStore};
 use crate::model::*;
+use crate::queue::*;
+use crate::queue_rows::{BATCH_COLUMNS, batch_from_row, on_error_str};
+use crate::rows::to_json;
+use crate::{Result, StoreError, now_millis};
 
-// Placeholder until the queue lands (issue 10 work in progress).
+/// Tasks written per statement when enqueueing (each column travels as one array).
+const ENQUEUE_CHUNK: usize = 500;
+
+/// `tasks t` is claimable at `now.ms`: queued, past its backoff, nobody's lease, its batch
+/// open.
+const CLAIMABLE: &str = "t.queue = 'queued' AND (t.not_before IS NULL OR t.not_before <= now.ms) \
+     AND (t.lease_token IS NULL OR t.lease_expires_at <= now.ms) \
+     AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open')";
+
+impl PostgresStore {
+    /// The full id of the batch `id_or_prefix` names.
+    pub(super) async fn resolve_batch(&self, id_or_prefix: &str) -> Result<String> {
+        let wanted = id_or_prefix.trim().to_ascii_lowercase();
+        if wanted.is_empty() || !wanted.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(StoreError::NoSuchBatch(id_or_prefix.to_owned()));
+        }
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM batches WHERE id >= $1 AND id < $1 || '~' AND id LIKE $1 || '%' ORDER BY id LIMIT 2",
+        )
+        .bind(&wanted)
+        .fetch_all(&self.pool)
+        .await?;
+        match ids.as_slice() {
+            [] => Err(StoreError::NoSuchBatch(id_or_prefix.to_owned())),
+            [one] => Ok(one.clone()),
+            _ if ids.contains(&wanted) => Ok(wanted),
+            _ => {
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM batches WHERE id >= $1 AND id < $1 || '~' AND id LIKE $1 || '%'",
+                )
+                .bind(&wanted)
+                .fetch_one(&self.pool)
+                .await?;
+                Err(StoreError::AmbiguousBatch {
+                    prefix: wanted,
+                    count: count as usize,
+                })
+            }
+        }
+    }
+}
+
 #[async_trait]
-impl crate::Queue for PostgresStore {
-    async fn create_batch(&self, _batch: &crate::NewBatch) -> Result<crate::BatchRecord> {
-        Err(crate::queue_todo())
+impl Queue for PostgresStore {
+    async fn create_batch(&self, batch: &NewBatch) -> Result<BatchRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        sqlx::query(
+            "INSERT INTO batches (id, name, spec, on_error, max_retry, requests_per_minute, tokens_per_minute, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'open', $8)",
+        )
+        .bind(&id)
+        .bind(&batch.name)
+        .bind(to_json(&batch.spec))
+        .bind(on_error_str(batch.on_error))
+        .bind(i64::from(batch.max_retry))
+        .bind(batch.rate_limit.requests_per_minute.map(i64::from))
+        .bind(batch.rate_limit.tokens_per_minute.map(|n| n.min(i64::MAX as u64) as i64))
+        .bind(now_millis())
+        .execute(&self.pool)
+        .await?;
+        self.batch(&id).await
     }
-    async fn enqueue_tasks(
-        &self,
-        _batch: &str,
-        _tasks: Vec<crate::QueuedTask>,
-    ) -> Result<Vec<String>> {
-        Err(crate::queue_todo())
+
+    async fn enqueue_tasks(&self, batch: &str, tasks: Vec<QueuedTask>) -> Result<Vec<String>> {
+        let now = now_millis();
+        let ids: Vec<String> = tasks
+            .iter()
+            .map(|_| uuid::Uuid::now_v7().to_string())
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        // The share lock keeps the batch from going away while its tasks are written.
+        let found: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM batches WHERE id = $1 FOR SHARE")
+                .bind(batch)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if found.is_none() {
+            tx.rollback().await?;
+            return Err(StoreError::NoSuchBatch(batch.to_owned()));
+        }
+        for (ids, tasks) in ids.chunks(ENQUEUE_CHUNK).zip(tasks.chunks(ENQUEUE_CHUNK)) {
+            let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
+            sqlx::query(
+                "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels) \
+                 SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[]) \
+                 AS u(id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, state, labels)",
+            )
+            .bind(ids)
+            .bind(tasks.iter().map(|t| t.task.skill.name.clone()).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| to_json(&t.task.skill)).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| to_json(&t.task.tools)).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.task.context.as_str().to_owned()).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.task.context_budget.map(|b| b as i64)).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.task.model.clone()).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.task.environment.as_ref().map(to_json)).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.task.env_checkpoint.as_ref().map(to_json)).collect::<Vec<_>>())
+            .bind(&states)
+            .bind(now)
+            .bind(batch)
+            .bind(tasks.iter().map(|t| to_json(&t.labels)).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO snapshots (task_id, step, state, state_hash) \
+                 SELECT u.id, 0, u.state, u.hash FROM UNNEST($1::text[], $2::text[], $3::text[]) AS u(id, state, hash)",
+            )
+            .bind(ids)
+            .bind(&states)
+            .bind(tasks.iter().map(|t| state_hash(&t.initial_state)).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO observations (task_id, step, text) \
+                 SELECT u.id, 1, u.text FROM UNNEST($1::text[], $2::text[]) AS u(id, text)",
+            )
+            .bind(ids)
+            .bind(
+                tasks
+                    .iter()
+                    .map(|t| t.task.opening_observation.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
     }
-    async fn batch(&self, _id: &str) -> Result<crate::BatchRecord> {
-        Err(crate::queue_todo())
+
+    async fn batch(&self, id_or_prefix: &str) -> Result<BatchRecord> {
+        let id = self.resolve_batch(id_or_prefix).await?;
+        let sql = format!("SELECT {BATCH_COLUMNS} FROM batches WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(&id)
+            .fetch_one(&self.pool)
+            .await?;
+        batch_from_row(&row)
     }
-    async fn list_batches(&self) -> Result<Vec<crate::BatchRecord>> {
-        Err(crate::queue_todo())
+
+    async fn list_batches(&self) -> Result<Vec<BatchRecord>> {
+        let sql = format!("SELECT {BATCH_COLUMNS} FROM batches ORDER BY created_at DESC, id DESC");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(batch_from_row).collect()
     }
+
     async fn claim_task(
         &self,
-        _claim: &LeaseClaim,
-        _ttl_ms: u64,
-        _batch: Option<&str>,
-    ) -> Result<Option<crate::Claimed>> {
-        Err(crate::queue_todo())
+        claim: &LeaseClaim,
+        ttl_ms: u64,
+        batch: Option<&str>,
+    ) -> Result<Option<Claimed>> {
+        // The subquery locks the oldest claimable row, skipping rows other claimers hold
+        // locked; a row claimed and committed meanwhile is re-checked against CLAIMABLE and
+        // passed over.
+        let sql = format!(
+            "WITH now AS (SELECT {NOW_MS} AS ms) \
+             UPDATE tasks SET lease_token = $1, lease_holder = $2, lease_process = $3, lease_acquired_at = now.ms, lease_expires_at = now.ms + $4 \
+             FROM now WHERE tasks.id = (SELECT t.id FROM tasks t, now WHERE {CLAIMABLE} AND ($5::text IS NULL OR t.batch_id = $5) \
+                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
+             RETURNING tasks.id, tasks.batch_id, tasks.tries, tasks.lease_token, tasks.lease_holder, tasks.lease_process, tasks.lease_acquired_at, tasks.lease_expires_at"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(&claim.token)
+            .bind(&claim.holder)
+            .bind(&claim.process)
+            .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+            .bind(batch)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| {
+            let lease = crate::rows::lease_from_row(&row)?.ok_or_else(|| StoreError::Decode {
+                what: "claimed task".into(),
+                message: "the claim wrote no lease".into(),
+            })?;
+            Ok(Claimed {
+                task_id: row.try_get("id")?,
+                batch_id: row.try_get("batch_id")?,
+                tries: u32::try_from(row.try_get::<i64, _>("tries")?.max(0)).unwrap_or(u32::MAX),
+                lease,
+            })
+        })
+        .transpose()
     }
+
     async fn settle_claim(
         &self,
-        _task: &str,
-        _token: &str,
-        _settle: &crate::Settle,
-        _failure: Option<&str>,
+        task: &str,
+        token: &str,
+        settle: &Settle,
+        failure: Option<&str>,
     ) -> Result<()> {
-        Err(crate::queue_todo())
+        let (queue, tries, not_before) = match settle {
+            Settle::Done => ("done", 0i64, None),
+            Settle::RetryAt { not_before } => ("queued", 1, Some(*not_before)),
+        };
+        let updated = sqlx::query(
+            "UPDATE tasks SET queue = $1, tries = tries + $2, not_before = $3, failure = COALESCE($4, failure), updated_at = $5, \
+             lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
+             WHERE id = $6 AND lease_token = $7",
+        )
+        .bind(queue)
+        .bind(tries)
+        .bind(not_before)
+        .bind(failure)
+        .bind(now_millis())
+        .bind(task)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        if updated.rows_affected() == 1 {
+            return Ok(());
+        }
+        let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1")
+            .bind(task)
+            .fetch_optional(&self.pool)
+            .await?;
+        if found.is_none() {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        Err(StoreError::LeaseLost {
+            task: task.to_owned(),
+        })
     }
-    async fn stop_batch(&self, _batch: &str, _reason: &str) -> Result<()> {
-        Err(crate::queue_todo())
+
+    async fn stop_batch(&self, batch: &str, reason: &str) -> Result<()> {
+        // The first reason stays: it names the failure that stopped the batch.
+        let updated = sqlx::query(
+            "UPDATE batches SET state = 'stopped', stop_reason = CASE WHEN state = 'stopped' THEN stop_reason ELSE $1 END WHERE id = $2",
+        )
+        .bind(reason)
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NoSuchBatch(batch.to_owned()));
+        }
+        Ok(())
     }
-    async fn requeue_failed(&self, _batch: &str) -> Result<u64> {
-        Err(crate::queue_todo())
+
+    async fn requeue_failed(&self, batch: &str) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let reopened =
+            sqlx::query("UPDATE batches SET state = 'open', stop_reason = NULL WHERE id = $1")
+                .bind(batch)
+                .execute(&mut *tx)
+                .await?;
+        if reopened.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::NoSuchBatch(batch.to_owned()));
+        }
+        // A failed task someone is running right now (a retry in progress) is left to its
+        // runner. The others get a fresh round of retries.
+        let sql = format!(
+            "WITH now AS (SELECT {NOW_MS} AS ms) \
+             UPDATE tasks SET queue = 'queued', not_before = NULL, tries = 0, updated_at = $2 FROM now \
+             WHERE batch_id = $1 AND status = 'failed' AND (lease_token IS NULL OR lease_expires_at <= now.ms)"
+        );
+        let queued = sqlx::query(AssertSqlSafe(sql))
+            .bind(batch)
+            .bind(now_millis())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(queued.rows_affected())
     }
-    async fn batch_tasks(&self, _batch: &str) -> Result<Vec<crate::BatchTask>> {
-        Err(crate::queue_todo())
+
+    async fn batch_tasks(&self, batch: &str) -> Result<Vec<BatchTask>> {
+        super::report::batch_tasks(self, batch).await
     }
-    async fn next_wakeup(&self, _batch: Option<&str>) -> Result<Option<i64>> {
-        Err(crate::queue_todo())
+
+    async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>> {
+        // Queued tasks of open batches that become claimable later: at the end of their
+        // backoff, or when the lease someone holds on them expires (a dead worker's task).
+        let sql = format!(
+            "WITH now AS (SELECT {NOW_MS} AS ms) \
+             SELECT MIN(CASE WHEN t.lease_token IS NOT NULL AND t.lease_expires_at > now.ms \
+                 THEN GREATEST(t.lease_expires_at, COALESCE(t.not_before, 0)) ELSE t.not_before END) \
+             FROM tasks t, now WHERE t.queue = 'queued' AND ($1::text IS NULL OR t.batch_id = $1) \
+             AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') \
+             AND (t.not_before > now.ms OR (t.lease_token IS NOT NULL AND t.lease_expires_at > now.ms))"
+        );
+        let wakeup: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(wakeup)
     }
+
     async fn rate_acquire(
         &self,
-        _scope: &str,
-        _limit: &crate::RateLimit,
-        _tokens: u64,
-    ) -> Result<crate::RateDecision> {
-        Err(crate::queue_todo())
+        scope: &str,
+        limit: &RateLimit,
+        tokens: u64,
+    ) -> Result<RateDecision> {
+        super::rate::acquire(self, scope, limit, tokens).await
     }
-    async fn rate_add_tokens(&self, _scope: &str, _tokens: u64) -> Result<()> {
-        Err(crate::queue_todo())
+
+    async fn rate_add_tokens(&self, scope: &str, tokens: u64) -> Result<()> {
+        super::rate::add_tokens(self, scope, tokens).await
     }
 }

@@ -1,5 +1,5 @@
 //! The embedded default backend: one SQLite file in WAL mode. One module per concern:
-//! `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs`; this one opens the file and resolves ids.
+//! `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `rate.rs` and `report.rs`); this one opens the file and resolves ids.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -13,6 +13,8 @@ use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 mod journal;
 mod leases;
 mod queue;
+mod rate;
+mod report;
 mod tasks;
 
 /// How hard SQLite syncs on commit. `Full` survives power loss; `Normal` in WAL mode survives

@@ -1,0 +1,79 @@
+//! The per-task figures of a batch on SQLite: three grouped queries (tasks, journal, intents)
+//! however many tasks the batch holds.
+
+use std::collections::HashMap;
+
+use sqlx::{AssertSqlSafe, Row};
+
+use super::SqliteStore;
+use crate::queue::BatchTask;
+use crate::queue_rows::{BATCH_TASK_COLUMNS, add_journal_figures, batch_task_from_row};
+use crate::{Queue, Result, now_millis};
+
+/// A provider-reported usage count, 0 when the usage is absent, not JSON or not a number.
+fn usage(key: &str) -> String {
+    format!(
+        "SUM(CASE WHEN json_valid(j.usage) AND json_type(j.usage, '$.{key}') = 'integer' THEN json_extract(j.usage, '$.{key}') ELSE 0 END) AS {key}"
+    )
+}
+
+pub(super) async fn batch_tasks(store: &SqliteStore, batch: &str) -> Result<Vec<BatchTask>> {
+    // Names a missing batch instead of answering with no tasks.
+    let batch = store.batch(batch).await?.id;
+    let now = now_millis();
+    let sql = format!(
+        "SELECT {BATCH_TASK_COLUMNS} FROM tasks WHERE batch_id = ? ORDER BY created_at, id"
+    );
+    let rows = sqlx::query(AssertSqlSafe(sql))
+        .bind(&batch)
+        .fetch_all(store.pool())
+        .await?;
+    let mut tasks = rows
+        .iter()
+        .map(|row| batch_task_from_row(row, now))
+        .collect::<Result<Vec<_>>>()?;
+    let index: HashMap<String, usize> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.clone(), i))
+        .collect();
+
+    let sql = format!(
+        "SELECT j.task_id, \
+         SUM(CASE WHEN j.verdict = 'accepted' THEN 1 ELSE 0 END) AS accepted, \
+         SUM(CASE WHEN j.verdict = 'rejected' THEN 1 ELSE 0 END) AS rejected, \
+         SUM(CASE WHEN j.verdict = 'rejected' AND json_valid(j.errors) AND json_type(j.errors) = 'array' \
+             AND EXISTS (SELECT 1 FROM json_each(j.errors) e WHERE e.type = 'object' \
+                 AND json_extract(e.value, '$.kind') IN ('unknown_tool', 'tool_args')) THEN 1 ELSE 0 END) AS tool_call_rejections, \
+         SUM(j.prompt_tokens) AS prompt_tokens, {}, {}, \
+         MIN(j.created_at) AS started_at \
+         FROM journal j JOIN tasks t ON t.id = j.task_id WHERE t.batch_id = ? GROUP BY j.task_id",
+        usage("input_tokens"),
+        usage("output_tokens"),
+    );
+    let rows = sqlx::query(AssertSqlSafe(sql))
+        .bind(&batch)
+        .fetch_all(store.pool())
+        .await?;
+    for row in &rows {
+        let id: String = row.try_get("task_id")?;
+        if let Some(&i) = index.get(&id) {
+            add_journal_figures(&mut tasks[i], row)?;
+        }
+    }
+
+    let rows = sqlx::query(
+        "SELECT i.task_id, COUNT(*) AS errors FROM intents i JOIN tasks t ON t.id = i.task_id \
+         WHERE t.batch_id = ? AND i.status = 'done' AND i.ok = 0 GROUP BY i.task_id",
+    )
+    .bind(&batch)
+    .fetch_all(store.pool())
+    .await?;
+    for row in &rows {
+        let id: String = row.try_get("task_id")?;
+        if let Some(&i) = index.get(&id) {
+            tasks[i].tool_errors = row.try_get::<i64, _>("errors")?.max(0) as u64;
+        }
+    }
+    Ok(tasks)
+}
