@@ -5,6 +5,10 @@
 //! `postgres://postgres@127.0.0.1:5432/test`); the PostgreSQL part is skipped with a notice
 //! otherwise.
 //!
+//! Group commit: N tasks committing at once (1 vs 64), in steps per second, on SQLite FULL
+//! (where the group-commit writer shares one WAL sync among the commits waiting together) and
+//! on PostgreSQL (whose WAL writer groups concurrent commits by itself).
+//!
 //! Run: `cargo bench -p skillstate-store --bench commit`
 
 #[path = "../../../test-support/skip.rs"]
@@ -13,13 +17,13 @@ mod skip;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use skillstate_core::json::state_hash;
 use skillstate_core::{ContextStrategy, SkillDefinition, StatePatch};
+use skillstate_store::prelude::*;
 use skillstate_store::{
-    JournalEntry, NewIntent, NewTask, PostgresStore, SqliteStore, StepCommit, Store, Synchronous,
-    Verdict,
+    JournalEntry, NewIntent, NewTask, PostgresStore, SqliteStore, StepCommit, Synchronous, Verdict,
 };
 use tokio::runtime::Runtime;
 
@@ -131,6 +135,83 @@ fn bench_commits(c: &mut Criterion, runtime: &Runtime, label: &str, store: Arc<d
     });
 }
 
+/// `tasks` tasks commit steps at the same time, each in its own loop: what a worker running
+/// that many tasks asks of the store. Throughput is in steps (commits) per second.
+fn bench_concurrent(
+    c: &mut Criterion,
+    label: &str,
+    open: &dyn Fn(&Runtime) -> Arc<dyn Store>,
+    tasks: usize,
+) {
+    // A runtime of its own, which also drives the store's connections.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = open(&runtime);
+    let shipped = busy_state();
+    let stored = StatePatch::from_value(&json!({"inventory": {"shelf_499": "item_9"}}))
+        .expect("patch")
+        .apply(&shipped)
+        .expect("applies");
+    let ids: Vec<String> = runtime.block_on(async {
+        let mut ids = Vec::new();
+        for _ in 0..tasks {
+            ids.push(
+                store
+                    .create_task(new_task(), &shipped)
+                    .await
+                    .expect("task")
+                    .id,
+            );
+        }
+        ids
+    });
+    let mut version = 0u64;
+    let mut group = c.benchmark_group(format!("concurrent commit_step ({label})"));
+    group.throughput(Throughput::Elements(tasks as u64));
+    group.bench_function(format!("{tasks} tasks at once"), |b| {
+        b.iter_custom(|iters| {
+            // Every task is at `version`; each commits `iters` more steps.
+            let per_task: Vec<Vec<StepCommit>> = ids
+                .iter()
+                .map(|id| {
+                    (version + 1..=version + iters)
+                        .map(|step| commit_for(id, step, &stored, &shipped))
+                        .collect()
+                })
+                .collect();
+            let elapsed = runtime.block_on(async {
+                let start = Instant::now();
+                let loops: Vec<_> = ids
+                    .iter()
+                    .cloned()
+                    .zip(per_task)
+                    .map(|(id, commits)| {
+                        let store = store.clone();
+                        tokio::spawn(async move {
+                            for (i, commit) in commits.iter().enumerate() {
+                                store
+                                    .commit_step(&id, version + i as u64, commit)
+                                    .await
+                                    .expect("commit");
+                            }
+                        })
+                    })
+                    .collect();
+                for task in loops {
+                    task.await.expect("commit loop");
+                }
+                start.elapsed()
+            });
+            version += iters;
+            elapsed
+        })
+    });
+    group.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -148,6 +229,21 @@ fn bench(c: &mut Criterion) {
             .expect("store");
         bench_commits(c, &runtime, label, Arc::new(store));
     }
+    for tasks in [1, 64] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("bench.db");
+        let open = |runtime: &Runtime| -> Arc<dyn Store> {
+            Arc::new(
+                runtime
+                    .block_on(SqliteStore::open(
+                        path.to_str().expect("utf-8 path"),
+                        Synchronous::Full,
+                    ))
+                    .expect("store"),
+            )
+        };
+        bench_concurrent(c, "SQLite WAL, synchronous=FULL", &open, tasks);
+    }
 
     let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
         .ok()
@@ -158,6 +254,16 @@ fn bench(c: &mut Criterion) {
         Ok(store) => {
             let pool = store.pool().clone();
             bench_commits(c, &runtime, "PostgreSQL", Arc::new(store));
+            for tasks in [1, 64] {
+                let open = |runtime: &Runtime| -> Arc<dyn Store> {
+                    Arc::new(
+                        runtime
+                            .block_on(PostgresStore::open_in_schema(&url, &schema))
+                            .expect("store"),
+                    )
+                };
+                bench_concurrent(c, "PostgreSQL", &open, tasks);
+            }
             runtime.block_on(async {
                 let drop = format!("DROP SCHEMA {schema} CASCADE");
                 if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))

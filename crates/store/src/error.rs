@@ -61,6 +61,10 @@ pub enum StoreError {
         "{location} holds no skillstate database yet (read-only commands do not create one); run a task with this --db first, or check the location"
     )]
     NoSchema { location: String },
+    #[error(
+        "writing to {location} failed: {message}; nothing of this write was recorded — check the disk and the file's permissions, then resume the task"
+    )]
+    Write { location: String, message: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

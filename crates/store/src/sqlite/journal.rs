@@ -1,54 +1,26 @@
-//! The step journal on SQLite: accepted steps, rejections, tool results, and reading them back.
+//! The step journal on SQLite: accepted steps, rejections, tool results and statuses (written
+//! through the group-commit writer), and reading them back.
 
 use async_trait::async_trait;
 use serde_json::Value;
-use skillstate_core::json::state_hash;
 use sqlx::Row;
 
 use super::SqliteStore;
+use super::ops::Write;
+use super::ops_steps::{ActionDone, EntryRow, Rejection, Status, Step};
 use crate::model::*;
-use crate::rows::{decode, entry_from_row, extent_from_row, to_json, verdict_str};
+use crate::rows::{decode, entry_from_row, extent_from_row, to_json};
 use crate::{Journal, Result, StoreError, now_millis};
-
-async fn insert_entry(
-    conn: &mut sqlx::SqliteConnection,
-    task: &str,
-    entry: &JournalEntry,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(task)
-    .bind(entry.step as i64)
-    .bind(i64::from(entry.attempt))
-    .bind(verdict_str(entry.verdict))
-    .bind(&entry.output)
-    .bind(entry.patch.as_ref().map(to_json))
-    .bind(entry.action.as_ref().map(to_json))
-    .bind(entry.errors.as_ref().map(to_json))
-    .bind(&entry.state_hash)
-    .bind(entry.prompt_tokens as i64)
-    .bind(&entry.prompt_hash)
-    .bind(entry.usage.as_ref().map(to_json))
-    .bind(entry.latency_ms as i64)
-    .bind(entry.created_at)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
 
 #[async_trait]
 impl Journal for SqliteStore {
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        insert_entry(&mut tx, task, entry).await?;
-        sqlx::query("UPDATE tasks SET updated_at = ? WHERE id = ?")
-            .bind(now_millis())
-            .bind(task)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        self.write_done(Write::Rejection(Rejection {
+            task: task.to_owned(),
+            entry: EntryRow::new(entry),
+            now: now_millis(),
+        }))
+        .await
     }
 
     async fn commit_step(
@@ -57,98 +29,24 @@ impl Journal for SqliteStore {
         expected_version: u64,
         commit: &StepCommit,
     ) -> Result<()> {
-        let next_version = expected_version + 1;
-        let now = now_millis();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let (status, outcome) = match &commit.status {
-            Some((status, outcome)) => (Some(status.as_str()), outcome.as_ref().map(to_json)),
-            None => (None, None),
-        };
-        let updated = sqlx::query(
-            "UPDATE tasks SET state = ?, version = ?, updated_at = ?, status = COALESCE(?, status), outcome = COALESCE(?, outcome) WHERE id = ? AND version = ?",
-        )
-        .bind(to_json(&commit.new_state))
-        .bind(next_version as i64)
-        .bind(now)
-        .bind(status)
-        .bind(outcome)
-        .bind(task)
-        .bind(expected_version as i64)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            drop(tx);
-            let actual = self.current_version(task).await?;
-            return Err(StoreError::Conflict {
-                task: task.to_owned(),
-                expected: expected_version,
-                actual,
-            });
-        }
-        insert_entry(&mut tx, task, &commit.entry).await?;
-        if let Some(intent) = &commit.intent {
-            sqlx::query(
-                "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
-            )
-            .bind(task)
-            .bind(next_version as i64)
-            .bind(&intent.tool)
-            .bind(to_json(&intent.args))
-            .bind(&intent.idempotency_key)
-            .bind(&intent.side_effect)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if next_version.is_multiple_of(self.snapshot_every) {
-            sqlx::query(
-                "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)",
-            )
-            .bind(task)
-            .bind(next_version as i64)
-            .bind(to_json(&commit.new_state))
-            .bind(state_hash(&commit.new_state))
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        self.write_done(Write::Step(Step::new(
+            task,
+            expected_version,
+            commit,
+            self.snapshot_every,
+            now_millis(),
+        )))
+        .await
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
-        let now = now_millis();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let updated = sqlx::query(
-            "UPDATE intents SET status = 'done', ok = ?, result = ?, finished_at = ? WHERE task_id = ? AND step = ? AND status = 'pending'",
-        )
-        .bind(result.ok)
-        .bind(&result.result)
-        .bind(now)
-        .bind(task)
-        .bind(result.step as i64)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Err(StoreError::Corrupt {
-                task: task.to_owned(),
-                step: result.step,
-                message: "no pending action intent to complete".into(),
-            });
-        }
-        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES (?, ?, ?)")
-            .bind(task)
-            .bind((result.step + 1) as i64)
-            .bind(&result.next_observation)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ?")
-            .bind(result.env_checkpoint.as_ref().map(to_json))
-            .bind(now)
-            .bind(task)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        self.write_done(Write::ActionDone(ActionDone {
+            task: task.to_owned(),
+            result: result.clone(),
+            env_checkpoint: result.env_checkpoint.as_ref().map(to_json),
+            now: now_millis(),
+        }))
+        .await
     }
 
     async fn set_status(
@@ -157,17 +55,13 @@ impl Journal for SqliteStore {
         status: TaskStatus,
         outcome: Option<&Value>,
     ) -> Result<()> {
-        let updated = sqlx::query("UPDATE tasks SET status = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE id = ?")
-            .bind(status.as_str())
-            .bind(outcome.map(to_json))
-            .bind(now_millis())
-            .bind(task)
-            .execute(&self.pool)
-            .await?;
-        if updated.rows_affected() == 0 {
-            return Err(StoreError::NotFound(task.to_owned()));
-        }
-        Ok(())
+        self.write_done(Write::Status(Status {
+            task: task.to_owned(),
+            status: status.as_str(),
+            outcome: outcome.map(to_json),
+            now: now_millis(),
+        }))
+        .await
     }
 
     async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>> {

@@ -1,8 +1,11 @@
-//! Execution leases on SQLite: one atomic UPDATE each.
+//! Execution leases on SQLite: one atomic UPDATE each, written through the group-commit writer
+//! (heartbeats and releases in its groups).
 
 use async_trait::async_trait;
 
 use super::SqliteStore;
+use super::ops::Write;
+use super::ops_queue::{Release, Renew};
 use crate::model::*;
 use crate::rows::lease_from_row;
 use crate::{Leases, Result, StoreError, now_millis};
@@ -17,6 +20,7 @@ impl Leases for SqliteStore {
         replacing: Option<&str>,
     ) -> Result<LeaseInfo> {
         let now = now_millis();
+        let mut conn = self.write_conn().await?;
         let updated = sqlx::query(
             "UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS ?1 THEN lease_acquired_at ELSE ?2 END, \
              lease_token = ?1, lease_holder = ?3, lease_process = ?4, lease_expires_at = ?5 \
@@ -29,8 +33,9 @@ impl Leases for SqliteStore {
         .bind(now.saturating_add(ttl_ms.min(i64::MAX as u64) as i64))
         .bind(task)
         .bind(replacing)
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
+        drop(conn);
         let lease = self.lease(task).await?;
         match lease {
             Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
@@ -43,31 +48,20 @@ impl Leases for SqliteStore {
     }
 
     async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()> {
-        let expires = now_millis().saturating_add(ttl_ms.min(i64::MAX as u64) as i64);
-        let updated =
-            sqlx::query("UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ?")
-                .bind(expires)
-                .bind(task)
-                .bind(token)
-                .execute(&self.pool)
-                .await?;
-        if updated.rows_affected() != 1 {
-            return Err(StoreError::LeaseLost {
-                task: task.to_owned(),
-            });
-        }
-        Ok(())
+        self.write_done(Write::Renew(Renew {
+            task: task.to_owned(),
+            token: token.to_owned(),
+            expires_at: now_millis().saturating_add(ttl_ms.min(i64::MAX as u64) as i64),
+        }))
+        .await
     }
 
     async fn release_lease(&self, task: &str, token: &str) -> Result<()> {
-        sqlx::query(
-            "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = ? AND lease_token = ?",
-        )
-        .bind(task)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.write_done(Write::Release(Release {
+            task: task.to_owned(),
+            token: token.to_owned(),
+        }))
+        .await
     }
 
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {

@@ -1,5 +1,9 @@
-//! The embedded default backend: one SQLite file in WAL mode. One module per concern:
-//! `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `rate.rs` and `report.rs`); this one opens the file and resolves ids.
+//! The embedded default backend: one SQLite file in WAL mode. Every write of the process goes
+//! through one group-commit writer (`writer.rs`): the hot path's (steps, rejections, tool
+//! results, statuses, lease heartbeats, claims, settles, rate windows: `ops*.rs`) in shared
+//! transactions, the others on its connection between groups; reads use the pool. One module
+//! per concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `report.rs`); this one
+//! opens the file and resolves ids.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -12,10 +16,42 @@ use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
 mod journal;
 mod leases;
+mod ops;
+mod ops_queue;
+mod ops_steps;
 mod queue;
-mod rate;
 mod report;
 mod tasks;
+mod writer;
+
+use ops::{Reply, Write};
+use writer::{Lent, Writer, commit_group};
+
+/// A connection to write on: the writer's, lent between two groups, or for an in-memory
+/// database the pool's only connection.
+enum WriteConn {
+    Lent(Lent),
+    Pool(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+}
+
+impl std::ops::Deref for WriteConn {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &sqlx::SqliteConnection {
+        match self {
+            WriteConn::Lent(conn) => conn,
+            WriteConn::Pool(conn) => conn,
+        }
+    }
+}
+
+impl std::ops::DerefMut for WriteConn {
+    fn deref_mut(&mut self) -> &mut sqlx::SqliteConnection {
+        match self {
+            WriteConn::Lent(conn) => conn,
+            WriteConn::Pool(conn) => conn,
+        }
+    }
+}
 
 /// How hard SQLite syncs on commit. `Full` survives power loss; `Normal` in WAL mode survives
 /// process crashes (the last transactions may be lost on power loss).
@@ -26,8 +62,13 @@ pub enum Synchronous {
 }
 
 pub struct SqliteStore {
+    /// Reads, and the writes off the hot path (creating, forking, claiming, ...).
     pool: SqlitePool,
     snapshot_every: u64,
+    /// The group-commit writer of the hot path, started at the first such write; `None` for
+    /// an in-memory database, which lives in the pool's one connection (writes go there).
+    writer: Option<(SqliteConnectOptions, tokio::sync::OnceCell<Writer>)>,
+    location: String,
 }
 
 pub(super) const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
@@ -109,6 +150,8 @@ impl SqliteStore {
         Ok(Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            writer: (!in_memory).then(|| (options, tokio::sync::OnceCell::new())),
+            location: location.to_owned(),
         })
     }
 
@@ -120,6 +163,46 @@ impl SqliteStore {
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    async fn writer(&self) -> Result<Option<&Writer>> {
+        match &self.writer {
+            Some((options, writer)) => Ok(Some(
+                writer
+                    .get_or_try_init(|| Writer::start(options, &self.location))
+                    .await?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// Commits `write` through the group-commit writer; returns once it is on disk.
+    async fn write(&self, write: Write) -> Result<Reply> {
+        match self.writer().await? {
+            Some(writer) => writer.submit(write).await,
+            None => {
+                let mut conn = self.pool.acquire().await?;
+                commit_group(&mut conn, &[&write], &self.location)
+                    .await
+                    .into_iter()
+                    .next()
+                    .unwrap_or(Ok(Reply::Done))
+            }
+        }
+    }
+
+    /// `write` for the writes that answer nothing but success.
+    async fn write_done(&self, write: Write) -> Result<()> {
+        self.write(write).await.map(|_| ())
+    }
+
+    /// The connection the other writes of this process run their own transaction on, in turn
+    /// with the writer's groups. Drop it as soon as the transaction is over.
+    async fn write_conn(&self) -> Result<WriteConn> {
+        match self.writer().await? {
+            Some(writer) => Ok(WriteConn::Lent(writer.lend().await?)),
+            None => Ok(WriteConn::Pool(self.pool.acquire().await?)),
+        }
     }
 
     pub(super) async fn resolve_id(&self, id_or_prefix: &str) -> Result<String> {

@@ -1,23 +1,19 @@
-//! The work queue on SQLite: batches, claims and settles. Every write here is one `BEGIN
-//! IMMEDIATE` transaction (or one statement), so claims are serialised by SQLite's write lock
-//! and two claimers never get the same task.
+//! The work queue on SQLite: batches, claims and settles. Every write goes through the
+//! process's one writer (claims, settles and rate windows in its groups), under SQLite's write
+//! lock, so two claimers never get the same task.
 
 use async_trait::async_trait;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection};
 
 use super::SqliteStore;
+use super::ops::{Reply, Write};
+use super::ops_queue::{Claim, Rate, RateTokens, Settle as SettleWrite};
 use super::tasks::insert_task;
 use crate::model::*;
 use crate::queue::*;
 use crate::queue_rows::{BATCH_COLUMNS, batch_from_row, on_error_str};
 use crate::rows::to_json;
 use crate::{Result, StoreError, now_millis};
-
-/// `tasks t` is claimable now (`?1` = now): queued, past its backoff, nobody's lease, its batch
-/// open.
-const CLAIMABLE: &str = "t.queue = 'queued' AND (t.not_before IS NULL OR t.not_before <= ?1) \
-     AND (t.lease_token IS NULL OR t.lease_expires_at <= ?1) \
-     AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open')";
 
 impl SqliteStore {
     /// The full id of the batch `id_or_prefix` names.
@@ -48,20 +44,13 @@ impl SqliteStore {
             }
         }
     }
-
-    async fn task_exists(&self, task: &str) -> Result<bool> {
-        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = ?")
-            .bind(task)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(found.is_some())
-    }
 }
 
 #[async_trait]
 impl Queue for SqliteStore {
     async fn create_batch(&self, batch: &NewBatch) -> Result<BatchRecord> {
         let id = uuid::Uuid::now_v7().to_string();
+        let mut conn = self.write_conn().await?;
         sqlx::query(
             "INSERT INTO batches (id, name, spec, on_error, max_retry, requests_per_minute, tokens_per_minute, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'open', ?)",
         )
@@ -73,14 +62,16 @@ impl Queue for SqliteStore {
         .bind(batch.rate_limit.requests_per_minute.map(i64::from))
         .bind(batch.rate_limit.tokens_per_minute.map(|n| n.min(i64::MAX as u64) as i64))
         .bind(now_millis())
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
+        drop(conn);
         self.batch(&id).await
     }
 
     async fn enqueue_tasks(&self, batch: &str, tasks: Vec<QueuedTask>) -> Result<Vec<String>> {
         let now = now_millis();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM batches WHERE id = ?")
             .bind(batch)
             .fetch_optional(&mut *tx)
@@ -133,23 +124,18 @@ impl Queue for SqliteStore {
         batch: Option<&str>,
     ) -> Result<Option<Claimed>> {
         let now = now_millis();
-        let sql = format!(
-            "UPDATE tasks SET lease_token = ?2, lease_holder = ?3, lease_process = ?4, lease_acquired_at = ?1, lease_expires_at = ?5 \
-             WHERE id = (SELECT t.id FROM tasks t WHERE {CLAIMABLE} AND (?6 IS NULL OR t.batch_id = ?6) ORDER BY t.created_at, t.id LIMIT 1) \
-             RETURNING id, batch_id, tries, lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at"
-        );
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(now)
-            .bind(&claim.token)
-            .bind(&claim.holder)
-            .bind(&claim.process)
-            .bind(now.saturating_add(ttl_ms.min(i64::MAX as u64) as i64))
-            .bind(batch)
-            .fetch_optional(&mut *tx)
+        let reply = self
+            .write(Write::Claim(Claim {
+                claim: claim.clone(),
+                batch: batch.map(str::to_owned),
+                now,
+                expires_at: now.saturating_add(ttl_ms.min(i64::MAX as u64) as i64),
+            }))
             .await?;
-        tx.commit().await?;
-        row.map(|row| claimed_from_row(&row)).transpose()
+        match reply {
+            Reply::Claimed(claimed) => Ok(claimed),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn settle_claim(
@@ -163,39 +149,27 @@ impl Queue for SqliteStore {
             Settle::Done => ("done", 0, None),
             Settle::RetryAt { not_before } => ("queued", 1, Some(*not_before)),
         };
-        let updated = sqlx::query(
-            "UPDATE tasks SET queue = ?, tries = tries + ?, not_before = ?, failure = COALESCE(?, failure), updated_at = ?, \
-             lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
-             WHERE id = ? AND lease_token = ?",
-        )
-        .bind(queue)
-        .bind(tries)
-        .bind(not_before)
-        .bind(failure)
-        .bind(now_millis())
-        .bind(task)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        if updated.rows_affected() == 1 {
-            return Ok(());
-        }
-        if !self.task_exists(task).await? {
-            return Err(StoreError::NotFound(task.to_owned()));
-        }
-        Err(StoreError::LeaseLost {
+        self.write_done(Write::Settle(SettleWrite {
             task: task.to_owned(),
-        })
+            token: token.to_owned(),
+            queue,
+            tries,
+            not_before,
+            failure: failure.map(str::to_owned),
+            now: now_millis(),
+        }))
+        .await
     }
 
     async fn stop_batch(&self, batch: &str, reason: &str) -> Result<()> {
         // The first reason stays: it names the failure that stopped the batch.
+        let mut conn = self.write_conn().await?;
         let updated = sqlx::query(
             "UPDATE batches SET state = 'stopped', stop_reason = CASE WHEN state = 'stopped' THEN stop_reason ELSE ? END WHERE id = ?",
         )
         .bind(reason)
         .bind(batch)
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
         if updated.rows_affected() == 0 {
             return Err(StoreError::NoSuchBatch(batch.to_owned()));
@@ -205,7 +179,8 @@ impl Queue for SqliteStore {
 
     async fn requeue_failed(&self, batch: &str) -> Result<u64> {
         let now = now_millis();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let reopened =
             sqlx::query("UPDATE batches SET state = 'open', stop_reason = NULL WHERE id = ?")
                 .bind(batch)
@@ -255,23 +230,33 @@ impl Queue for SqliteStore {
         limit: &RateLimit,
         tokens: u64,
     ) -> Result<RateDecision> {
-        super::rate::acquire(self, scope, limit, tokens).await
+        let reply = self
+            .write(Write::Rate(Rate {
+                scope: scope.to_owned(),
+                limit: *limit,
+                tokens: tokens.min(i64::MAX as u64),
+                now: now_millis(),
+            }))
+            .await?;
+        match reply {
+            Reply::Rate(decision) => Ok(decision),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn rate_add_tokens(&self, scope: &str, tokens: u64) -> Result<()> {
-        super::rate::add_tokens(self, scope, tokens).await
+        self.write_done(Write::RateTokens(RateTokens {
+            scope: scope.to_owned(),
+            tokens,
+            now: now_millis(),
+        }))
+        .await
     }
 }
 
-fn claimed_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Claimed> {
-    let lease = crate::rows::lease_from_row(row)?.ok_or_else(|| StoreError::Decode {
-        what: "claimed task".into(),
-        message: "the claim wrote no lease".into(),
-    })?;
-    Ok(Claimed {
-        task_id: row.try_get("id")?,
-        batch_id: row.try_get("batch_id")?,
-        tries: u32::try_from(row.try_get::<i64, _>("tries")?.max(0)).unwrap_or(u32::MAX),
-        lease,
-    })
+fn unexpected(reply: Reply) -> StoreError {
+    StoreError::Decode {
+        what: "the writer's answer".into(),
+        message: format!("unexpected {reply:?}"),
+    }
 }

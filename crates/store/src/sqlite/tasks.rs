@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use skillstate_core::json::state_hash;
+use sqlx::Connection;
 
 use super::{SqliteStore, TASK_COLUMNS};
 use crate::model::*;
@@ -59,9 +60,11 @@ impl Tasks for SqliteStore {
     async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord> {
         let id = uuid::Uuid::now_v7().to_string();
         let now = now_millis();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         insert_task(&mut tx, &id, &task, initial_state, now, None).await?;
         tx.commit().await?;
+        drop(conn);
         self.task(&id).await
     }
 
@@ -94,7 +97,8 @@ impl Tasks for SqliteStore {
         let id = uuid::Uuid::now_v7().to_string();
         let now = now_millis();
         let at = step as i64;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let created = sqlx::query(
             "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at) \
              SELECT ?, skill_name, skill, tools, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ? FROM tasks WHERE id = ? AND version >= ?",
@@ -112,6 +116,7 @@ impl Tasks for SqliteStore {
         .await?;
         if created.rows_affected() != 1 {
             drop(tx);
+            drop(conn);
             let version = self.current_version(parent).await?;
             return Err(StoreError::NoSuchStep {
                 task: parent.to_owned(),
@@ -145,12 +150,14 @@ impl Tasks for SqliteStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        drop(conn);
         self.task(&id).await
     }
 
     async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64> {
         let base = keep_from.saturating_sub(1) as i64;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("INSERT OR REPLACE INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)")
             .bind(task)
             .bind(base)
@@ -182,7 +189,8 @@ impl Tasks for SqliteStore {
     }
 
     async fn delete_task(&self, task: &str) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         // Forks keep their own copies; only the link to the parent goes.
         sqlx::query("UPDATE tasks SET parent_task = NULL WHERE parent_task = ?")
             .bind(task)
