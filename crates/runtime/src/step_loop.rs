@@ -179,6 +179,9 @@ impl<'a> Runner<'a> {
         env: &'a mut dyn Environment,
         observer: &'a mut dyn RunObserver,
     ) -> Self {
+        // Every prompt is counted: build the tokenizer while the task is looked up, leased and
+        // checked (the first count waits for it; later runners find it built).
+        skillstate_core::tokens::warm_up();
         Self {
             store,
             env,

@@ -9,33 +9,37 @@
 //!
 //! A step's work also grows with the size of the state it validates, renders and stores, so
 //! the default workload keeps that size fixed: `CurveModel::Steady` starts from a 40-item
-//! inventory and alternately puts one more item on a shelf and takes it off again (with the
-//! `wait` action), so the state is the same size at every step and any growth of the step
-//! time comes from the steps already taken. `CurveModel::Oracle` runs the real warehouse
-//! episode instead, whose inventory wanders with the events (each window reports its median
-//! prompt size).
+//! inventory and alternately puts one more item on a shelf and takes it off again, so the
+//! state is the same size at every step and any growth of the step time comes from the steps
+//! already taken. Its actions are the episode's correct ones (from the seeded events), so the
+//! warehouse itself stays as small as in a well-handled episode (a model that ignored the
+//! arrivals would pile them up on the dock, and the environment's checkpoint, written at every
+//! step, would grow). `CurveModel::Oracle` runs the real episode instead, whose inventory
+//! wanders with the events (each window reports its median prompt size).
+
+mod steady;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use nix::time::{ClockId, clock_gettime};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep, Skill};
 use skillstate_envs::oracle::OracleModel;
-use skillstate_providers::{ModelProvider, ModelRequest, ModelResponse, ProviderError};
+use skillstate_envs::warehouse::WarehouseConfig;
+use skillstate_providers::ModelProvider;
 use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
 use skillstate_store::{SqliteStore, Synchronous, TaskStatus};
 
 use crate::BenchError;
 use crate::stats::median;
+use steady::{SteadyModel, steady_state};
 
-/// Steps per measured window (the early window starts at step 100, the late one ends at the
-/// last step).
+/// Steps per measured window: the early window is steps 101–200, the late one the last 100.
 pub const CURVE_WINDOW: u64 = 100;
-/// Fewest steps a curve can have: the early window is steps 100–200.
+/// Fewest steps a curve can have.
 pub const CURVE_MIN_STEPS: u32 = 300;
 /// Most steps: the warehouse generates at most 100,000 events.
 pub const CURVE_MAX_STEPS: u32 = 100_000;
@@ -70,7 +74,11 @@ pub struct CurveConfig {
 pub struct Window {
     pub first_step: u64,
     pub last_step: u64,
+    /// Median wall time of the window's steps.
     pub median_ms: f64,
+    /// Median CPU time the whole process (every thread: the runner, SQLite's) spent per step:
+    /// unlike wall time, not stretched by other programs competing for the machine.
+    pub median_cpu_ms: f64,
     /// Median prompt tokens of the window's steps: how large the state (and so the work of a
     /// step) was there.
     pub prompt_tokens: f64,
@@ -83,12 +91,14 @@ pub struct CurveReport {
     pub status: String,
     /// Accepted steps.
     pub steps: u64,
-    /// Steps 100–200.
+    /// Steps 101–200.
     pub early: Window,
     /// The last 100 steps.
     pub late: Window,
     /// `late.median_ms / early.median_ms`; the bar is ≤ 1.25.
     pub ratio: f64,
+    /// The same for CPU time.
+    pub cpu_ratio: f64,
     /// Median step time of each block of 1,000 steps (or of tenths of shorter runs), for a
     /// coarse picture of the whole curve.
     pub blocks: Vec<Window>,
@@ -96,58 +106,20 @@ pub struct CurveReport {
     pub loop_secs: f64,
     /// Every step's in-loop time in milliseconds, step 1 first.
     pub step_ms: Vec<f64>,
+    /// Every step's process CPU time in milliseconds.
+    pub step_cpu_ms: Vec<f64>,
 }
 
-/// 40 occupied shelves: about what a 200-step warehouse episode holds at its peak.
-fn steady_state() -> Value {
-    let inventory: Map<String, Value> = (0..40)
-        .map(|i| {
-            (
-                format!("shelf_{}", i * 7),
-                json!(format!("item_{}", 1000 + i)),
-            )
-        })
-        .collect();
-    json!({"shelf_count": 500, "inventory": inventory})
+/// CPU time the process has used so far (zero where the clock cannot be read).
+fn process_cpu() -> Duration {
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
 }
 
-/// Answers every prompt validly without reading it: odd calls put item_9 on shelf_499, even
-/// calls take it off again; the action is always `wait`.
-#[derive(Default)]
-struct SteadyModel {
-    calls: AtomicU64,
-}
-
-#[async_trait]
-impl ModelProvider for SteadyModel {
-    fn spec(&self) -> String {
-        "scripted:steady".into()
-    }
-
-    async fn complete(&self, _request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
-        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        let shelf = if call % 2 == 1 {
-            json!("item_9")
-        } else {
-            Value::Null
-        };
-        Ok(ModelResponse {
-            text: json!({
-                "reasoning": "steady workload",
-                "state_patch": {"inventory": {"shelf_499": shelf}},
-                "action": {"tool": "wait", "args": {}}
-            })
-            .to_string(),
-            usage: None,
-            latency: Duration::ZERO,
-            truncated: false,
-        })
-    }
-}
-
-/// Stamps the time (and prompt size) of every accepted answer.
+/// Stamps the time (wall and CPU) and prompt size of every accepted answer.
 struct Stamps {
-    accepted: Vec<Instant>,
+    accepted: Vec<(Instant, Duration)>,
     prompt_tokens: Vec<f64>,
     progress: Box<dyn Fn(u64) + Send + Sync>,
 }
@@ -161,7 +133,7 @@ impl RunObserver for Stamps {
         result: Result<&AcceptedStep, &RejectedStep>,
     ) {
         if result.is_ok() {
-            self.accepted.push(Instant::now());
+            self.accepted.push((Instant::now(), process_cpu()));
             self.prompt_tokens.push(prompt_tokens as f64);
             (self.progress)(step);
         }
@@ -177,7 +149,7 @@ pub async fn run_curve(
 ) -> Result<CurveReport, BenchError> {
     if !(CURVE_MIN_STEPS..=CURVE_MAX_STEPS).contains(&config.steps) {
         return Err(BenchError::Setup(format!(
-            "a long task needs {CURVE_MIN_STEPS} to {CURVE_MAX_STEPS} steps (the early window is steps 100–200), not {}",
+            "a long task needs {CURVE_MIN_STEPS} to {CURVE_MAX_STEPS} steps (the early window is steps 101–200), not {}",
             config.steps
         )));
     }
@@ -202,7 +174,10 @@ pub async fn run_curve(
     let mut env = skillstate_envs::build_environment(&env_settings)
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     let model: Arc<dyn ModelProvider> = match config.model {
-        CurveModel::Steady => Arc::new(SteadyModel::default()),
+        CurveModel::Steady => Arc::new(SteadyModel::new(
+            &WarehouseConfig::from_params(&env_settings.params)
+                .map_err(|e| BenchError::Setup(e.to_string()))?,
+        )),
         CurveModel::Oracle => Arc::new(
             OracleModel::for_environment(env.kind())
                 .map_err(|e| BenchError::Setup(e.to_string()))?,
@@ -237,7 +212,7 @@ pub async fn run_curve(
         .run(&task.id)
         .await
         .map_err(BenchError::Runtime);
-    let ended = Instant::now();
+    let ended = (Instant::now(), process_cpu());
     store.pool().close().await;
     drop(store);
     for suffix in ["", "-wal", "-shm"] {
@@ -247,9 +222,14 @@ pub async fn run_curve(
     // Step k ends where step k+1's answer is accepted; the last step ends with the loop.
     let mut marks = stamps.accepted.clone();
     marks.push(ended);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let step_ms: Vec<f64> = marks
         .windows(2)
-        .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1000.0)
+        .map(|w| ms(w[1].0.duration_since(w[0].0)))
+        .collect();
+    let step_cpu_ms: Vec<f64> = marks
+        .windows(2)
+        .map(|w| ms(w[1].1.saturating_sub(w[0].1)))
         .collect();
     if outcome.status != TaskStatus::Completed || (step_ms.len() as u64) < 2 * CURVE_WINDOW {
         return Err(BenchError::Setup(format!(
@@ -264,34 +244,51 @@ pub async fn run_curve(
         )));
     }
     let steps = step_ms.len() as u64;
-    let tokens = &stamps.prompt_tokens;
-    let early = window(&step_ms, tokens, CURVE_WINDOW, 2 * CURVE_WINDOW);
-    let late = window(&step_ms, tokens, steps - CURVE_WINDOW + 1, steps);
+    let series = Series {
+        wall: &step_ms,
+        cpu: &step_cpu_ms,
+        tokens: &stamps.prompt_tokens,
+    };
+    let early = series.window(CURVE_WINDOW + 1, 2 * CURVE_WINDOW);
+    let late = series.window(steps - CURVE_WINDOW + 1, steps);
     let block = if steps >= 10_000 { 1_000 } else { steps / 10 };
     let blocks = (0..steps / block)
-        .map(|b| window(&step_ms, tokens, b * block + 1, (b + 1) * block))
+        .map(|b| series.window(b * block + 1, (b + 1) * block))
         .collect();
     Ok(CurveReport {
         config: config.clone(),
         status: outcome.status.as_str().to_owned(),
         steps,
         ratio: late.median_ms / early.median_ms.max(f64::MIN_POSITIVE),
+        cpu_ratio: late.median_cpu_ms / early.median_cpu_ms.max(f64::MIN_POSITIVE),
         early,
         late,
         blocks,
-        loop_secs: ended.duration_since(started).as_secs_f64(),
+        loop_secs: ended.0.duration_since(started).as_secs_f64(),
         step_ms,
+        step_cpu_ms,
     })
 }
 
-/// The medians of steps `first..=last` (1-based).
-fn window(step_ms: &[f64], prompt_tokens: &[f64], first: u64, last: u64) -> Window {
-    let range = (first - 1) as usize..last.min(step_ms.len() as u64) as usize;
-    Window {
-        first_step: first,
-        last_step: last,
-        median_ms: median(&step_ms[range.clone()]),
-        prompt_tokens: median(prompt_tokens.get(range).unwrap_or_default()),
+/// Per-step figures, step 1 first.
+struct Series<'a> {
+    wall: &'a [f64],
+    cpu: &'a [f64],
+    tokens: &'a [f64],
+}
+
+impl Series<'_> {
+    /// The medians of steps `first..=last` (1-based).
+    fn window(&self, first: u64, last: u64) -> Window {
+        let range = (first - 1) as usize..last as usize;
+        let median_of = |values: &[f64]| median(values.get(range.clone()).unwrap_or_default());
+        Window {
+            first_step: first,
+            last_step: last,
+            median_ms: median_of(self.wall),
+            median_cpu_ms: median_of(self.cpu),
+            prompt_tokens: median_of(self.tokens),
+        }
     }
 }
 
@@ -316,24 +313,24 @@ impl CurveReport {
         );
         for w in [&self.early, &self.late] {
             out.push_str(&format!(
-                "median in-loop step time, steps {}–{}: {:.2} ms (prompt {:.0} tokens)\n",
-                w.first_step, w.last_step, w.median_ms, w.prompt_tokens
+                "steps {:>6}–{:<6} median in-loop step time {:.2} ms wall, {:.2} ms CPU (prompt {:.0} tokens)\n",
+                w.first_step, w.last_step, w.median_ms, w.median_cpu_ms, w.prompt_tokens
             ));
         }
         out.push_str(&format!(
-            "ratio late/early: {:.2} (bar: ≤ 1.25)\n",
-            self.ratio
+            "ratio late/early: {:.2} wall (bar: ≤ 1.25), {:.2} CPU\n",
+            self.ratio, self.cpu_ratio
         ));
         out.push_str(&format!(
             "whole loop: {:.1} s, {:.0} steps/s\n",
             self.loop_secs,
             self.steps as f64 / self.loop_secs.max(f64::MIN_POSITIVE)
         ));
-        out.push_str("median by block:");
+        out.push_str("median by block (wall / CPU ms):");
         for block in &self.blocks {
             out.push_str(&format!(
-                " {}–{}: {:.2} ms ({:.0} tok);",
-                block.first_step, block.last_step, block.median_ms, block.prompt_tokens
+                " {}–{}: {:.2} / {:.2};",
+                block.first_step, block.last_step, block.median_ms, block.median_cpu_ms
             ));
         }
         out.pop();

@@ -34,6 +34,11 @@ pub struct ShowArgs {
 }
 
 pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result<ExitCode> {
+    if args.step.is_none() {
+        // The task view counts every answer's tokens: build the tokenizer while the database
+        // is opened and read.
+        skillstate_core::tokens::warm_up();
+    }
     let config = load_config(config_path)?;
     let store = crate::config::open_existing(db).await?;
     let task = store.task(&args.task).await?;
@@ -92,6 +97,13 @@ async fn show_prompt(
             .map(|e| e.attempt)
             .unwrap_or(1),
     };
+    // The count recorded when the model received the prompt: the rebuilt prompt is checked to
+    // be byte-identical below, so it is this prompt's count too (and the tokenizer need not be
+    // built just to print it).
+    let recorded_tokens = answers
+        .iter()
+        .find(|e| e.attempt == attempt)
+        .map(|e| e.prompt_tokens);
     let (prompt, recorded) = rebuild_prompt(store, task, step, attempt).await?;
     let text = prompt.text();
     let rebuilt = text_hash(&text);
@@ -105,9 +117,9 @@ async fn show_prompt(
             "the rebuilt prompt of step {step} attempt {attempt} does not match what the model received (sha256 {rebuilt} vs recorded {recorded})"
         );
     }
+    let tokens = recorded_tokens.unwrap_or_else(|| count_tokens(&text) as u64);
     errln!(
-        "prompt of step {step} attempt {attempt}: {} tokens, sha256 {rebuilt} (byte-identical to the prompt the model received)",
-        count_tokens(&text)
+        "prompt of step {step} attempt {attempt}: {tokens} tokens, sha256 {rebuilt} (byte-identical to the prompt the model received)"
     );
     Ok(ExitCode::SUCCESS)
 }
