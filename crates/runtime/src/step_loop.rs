@@ -147,6 +147,8 @@ pub struct Runner<'a> {
     tool_limit: Duration,
     /// Set by a draining worker: stop at the next step boundary, the task left running.
     stop: Option<Arc<AtomicBool>>,
+    /// The observation the last recorded action result opened `(task, step, text)`, as stored.
+    next_observation: Option<(String, u64, String)>,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -191,6 +193,7 @@ impl<'a> Runner<'a> {
             secrets: Redactor::new(model.secret_values()),
             tool_limit: DEFAULT_CALL_LIMIT,
             stop: None,
+            next_observation: None,
             model,
         }
     }
@@ -432,14 +435,17 @@ impl<'a> Runner<'a> {
         turns: &mut Vec<Turn>,
     ) -> Result<StepEnd, RuntimeError> {
         let step = *version + 1;
-        let observation =
-            self.store
-                .observation(task, step)
-                .await?
-                .ok_or_else(|| RuntimeError::StoredTask {
+        // The observation this runner just recorded is the stored one; only the first step of
+        // a run reads it back.
+        let observation = match self.next_observation.take() {
+            Some((of, at, text)) if of == task && at == step => text,
+            _ => self.store.observation(task, step).await?.ok_or_else(|| {
+                RuntimeError::StoredTask {
                     task: task.to_owned(),
                     message: format!("no observation recorded for step {step}"),
-                })?;
+                }
+            })?,
+        };
         let settings = frame.skill.settings();
         let rules = StepRules {
             schema: &frame.skill.schema,
@@ -697,11 +703,12 @@ impl<'a> Runner<'a> {
                     step,
                     ok: output.ok,
                     result: output.text,
-                    next_observation,
+                    next_observation: next_observation.clone(),
                     env_checkpoint: Some(self.env.checkpoint()),
                 },
             )
             .await?;
+        self.next_observation = Some((task.to_owned(), step + 1, next_observation));
         Ok(())
     }
 }
