@@ -47,7 +47,7 @@ pub struct BenchArgs {
     #[arg(long)]
     jobs: Option<usize>,
     /// Instead of the strategy table: run ONE task of this many steps on a SQLite file with
-    /// synchronous=FULL and report the median in-loop step time of steps 100–200 and of the
+    /// synchronous=FULL and report the median in-loop step time of steps 101–200 and of the
     /// last 100 steps, and their ratio (long_task.json in --out). Scripted answers keep the
     /// state's size fixed; with --model oracle the real episode runs (seed 0).
     #[arg(long, value_name = "STEPS", conflicts_with_all = ["horizons", "noise", "drift", "budget", "jobs"])]
@@ -169,7 +169,7 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
 fn long_task(skill_dir: &Path, args: &BenchArgs, steps: u32) -> Result<ExitCode> {
     if !(CURVE_MIN_STEPS..=CURVE_MAX_STEPS).contains(&steps) {
         bail!(
-            "--long-task must be from {CURVE_MIN_STEPS} to {CURVE_MAX_STEPS} steps (the early window is steps 100–200)"
+            "--long-task must be from {CURVE_MIN_STEPS} to {CURVE_MAX_STEPS} steps (the early window is steps 101–200)"
         );
     }
     // The default answers keep the state's size fixed; `--model oracle` runs the real episode.
