@@ -297,17 +297,17 @@ async fn a_failing_write_fails_alone_in_its_group() -> anyhow::Result<()> {
 }
 
 #[test]
-fn a_writer_whose_runtime_is_gone_answers_with_an_error() {
+fn the_writer_outlives_runtimes_and_a_closed_one_answers_with_an_error() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gone.db").to_str().unwrap().to_owned();
+    let path = dir.path().join("closed.db").to_str().unwrap().to_owned();
     let first = tokio::runtime::Runtime::new().unwrap();
     let (store, task) = first.block_on(async {
         let store = open(&path).await;
         let task = store.create_task(new_task(), &json!({})).await.unwrap();
-        // Starts the writer on this runtime.
+        // Starts the writer.
         store
             .commit_step(&task.id, 0, &commit(&task.id, 1))
             .await
@@ -315,20 +315,25 @@ fn a_writer_whose_runtime_is_gone_answers_with_an_error() {
         (store, task)
     });
     drop(first);
+    // The writer is a thread of its own: another runtime goes on writing through it.
     let second = tokio::runtime::Runtime::new().unwrap();
+    second
+        .block_on(store.commit_step(&task.id, 1, &commit(&task.id, 2)))
+        .unwrap();
+    second.block_on(store.close());
     let error = second
         .block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(30),
-                store.commit_step(&task.id, 1, &commit(&task.id, 2)),
+                store.commit_step(&task.id, 2, &commit(&task.id, 3)),
             )
             .await
         })
         .expect("an answer, not a hang")
-        .expect_err("the writer is gone");
+        .expect_err("the writer is closed");
     assert!(matches!(error, StoreError::Write { .. }), "{error}");
     assert!(error.to_string().contains("open it again"), "{error}");
-    // Reads still work, and the step committed before is there.
+    // Reads still work, and what was committed before is there.
     let version = second.block_on(store.task(&task.id)).unwrap().version;
-    assert_eq!(version, 1);
+    assert_eq!(version, 2);
 }

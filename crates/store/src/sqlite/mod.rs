@@ -1,11 +1,12 @@
 //! The embedded default backend: one SQLite file in WAL mode. Every write of the process goes
 //! through one group-commit writer (`writer.rs`): the hot path's (steps, rejections, tool
 //! results, statuses, lease heartbeats, claims, settles, rate windows: `ops*.rs`) in shared
-//! transactions, the others on its connection between groups; reads use the pool. One module
+//! transactions, the others on a pooled connection during the writer's turns; reads use the
+//! pool. One module
 //! per concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `report.rs`); this one
 //! opens the file and resolves ids.
 
-use std::str::FromStr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sqlx::SqlitePool;
@@ -19,36 +20,44 @@ mod leases;
 mod ops;
 mod ops_queue;
 mod ops_steps;
+mod ops_tasks;
 mod queue;
 mod report;
 mod tasks;
 mod writer;
 
 use ops::{Reply, Write};
-use writer::{Lent, Writer, commit_group};
+use writer::{Turn, Writer};
 
-/// A connection to write on: the writer's, lent between two groups, or for an in-memory
-/// database the pool's only connection.
-enum WriteConn {
-    Lent(Lent),
-    Pool(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+/// A pooled connection to write on while the writer waits (its `Turn`); fields drop in order,
+/// so the connection is back before the writer goes on.
+struct WriteConn {
+    conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    _turn: Turn,
 }
 
 impl std::ops::Deref for WriteConn {
     type Target = sqlx::SqliteConnection;
     fn deref(&self) -> &sqlx::SqliteConnection {
-        match self {
-            WriteConn::Lent(conn) => conn,
-            WriteConn::Pool(conn) => conn,
-        }
+        &self.conn
     }
 }
 
 impl std::ops::DerefMut for WriteConn {
     fn deref_mut(&mut self) -> &mut sqlx::SqliteConnection {
-        match self {
-            WriteConn::Lent(conn) => conn,
-            WriteConn::Pool(conn) => conn,
+        &mut self.conn
+    }
+}
+
+/// The file behind `sqlite::memory:`: private to the store, never synced, deleted with it.
+struct TempDb(PathBuf);
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -62,13 +71,16 @@ pub enum Synchronous {
 }
 
 pub struct SqliteStore {
-    /// Reads, and the writes off the hot path (creating, forking, claiming, ...).
+    /// Reads, and the writes off the hot path during the writer's turns.
     pool: SqlitePool,
     snapshot_every: u64,
-    /// The group-commit writer of the hot path, started at the first such write; `None` for
-    /// an in-memory database, which lives in the pool's one connection (writes go there).
-    writer: Option<(SqliteConnectOptions, tokio::sync::OnceCell<Writer>)>,
+    /// The group-commit writer, started at the first write.
+    writer: tokio::sync::OnceCell<Writer>,
+    path: PathBuf,
+    /// The `synchronous` pragma of the writer's connection.
+    synchronous: &'static str,
     location: String,
+    _temp: Option<TempDb>,
 }
 
 pub(super) const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
@@ -89,9 +101,22 @@ impl SqliteStore {
             location: location.to_owned(),
             message,
         };
-        let options = if location == "sqlite::memory:" || location == ":memory:" {
-            SqliteConnectOptions::from_str("sqlite::memory:")
-                .map_err(|e| open_error(e.to_string()))?
+        let in_memory = location == "sqlite::memory:" || location == ":memory:";
+        // An in-memory database is a private temporary file that is never synced: the
+        // writer's connection and the pool's must all reach the same database.
+        let temp = in_memory.then(|| {
+            TempDb(std::env::temp_dir().join(format!(
+                "skillstate-memory-{}.db",
+                uuid::Uuid::now_v7().simple()
+            )))
+        });
+        let (options, path) = if let Some(temp) = &temp {
+            (
+                SqliteConnectOptions::new()
+                    .filename(&temp.0)
+                    .create_if_missing(true),
+                temp.0.clone(),
+            )
         } else {
             let path = location.strip_prefix("sqlite://").unwrap_or(location);
             if let Some(parent) = std::path::Path::new(path).parent()
@@ -108,30 +133,33 @@ impl SqliteStore {
                     location: location.to_owned(),
                 });
             }
-            SqliteConnectOptions::new()
-                .filename(path)
-                .create_if_missing(mode == OpenMode::ReadWrite)
+            (
+                SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(mode == OpenMode::ReadWrite),
+                PathBuf::from(path),
+            )
+        };
+        let synchronous = match (in_memory, synchronous) {
+            (true, _) => SqliteSynchronous::Off,
+            (false, Synchronous::Full) => SqliteSynchronous::Full,
+            (false, Synchronous::Normal) => SqliteSynchronous::Normal,
         };
         let options = match mode {
             OpenMode::ReadWrite => options.journal_mode(SqliteJournalMode::Wal),
             OpenMode::Existing => options,
         };
         let options = options
-            .synchronous(match synchronous {
-                Synchronous::Full => SqliteSynchronous::Full,
-                Synchronous::Normal => SqliteSynchronous::Normal,
-            })
+            .synchronous(synchronous)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let in_memory = location.contains(":memory:");
         // Switching a brand-new file to WAL needs a lock that SQLite does not wait for (the busy
         // timeout applies only afterwards), so two processes opening the same new file at once
         // can see "database is locked": try again for a while before giving up.
         let mut attempts = 0;
         let pool = loop {
             let connected = SqlitePoolOptions::new()
-                // An in-memory database lives in one connection.
-                .max_connections(if in_memory { 1 } else { 4 })
+                .max_connections(4)
                 .connect_with(options.clone())
                 .await;
             match connected {
@@ -150,8 +178,15 @@ impl SqliteStore {
         Ok(Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
-            writer: (!in_memory).then(|| (options, tokio::sync::OnceCell::new())),
+            writer: tokio::sync::OnceCell::new(),
+            path,
+            synchronous: match synchronous {
+                SqliteSynchronous::Off => "OFF",
+                SqliteSynchronous::Normal => "NORMAL",
+                _ => "FULL",
+            },
             location: location.to_owned(),
+            _temp: temp,
         })
     }
 
@@ -165,30 +200,15 @@ impl SqliteStore {
         &self.pool
     }
 
-    async fn writer(&self) -> Result<Option<&Writer>> {
-        match &self.writer {
-            Some((options, writer)) => Ok(Some(
-                writer
-                    .get_or_try_init(|| Writer::start(options, &self.location))
-                    .await?,
-            )),
-            None => Ok(None),
-        }
+    async fn writer(&self) -> Result<&Writer> {
+        self.writer
+            .get_or_try_init(|| Writer::start(&self.path, self.synchronous, &self.location))
+            .await
     }
 
     /// Commits `write` through the group-commit writer; returns once it is on disk.
     async fn write(&self, write: Write) -> Result<Reply> {
-        match self.writer().await? {
-            Some(writer) => writer.submit(write).await,
-            None => {
-                let mut conn = self.pool.acquire().await?;
-                commit_group(&mut conn, &[&write], &self.location)
-                    .await
-                    .into_iter()
-                    .next()
-                    .unwrap_or(Ok(Reply::Done))
-            }
-        }
+        self.writer().await?.submit(write).await
     }
 
     /// `write` for the writes that answer nothing but success.
@@ -196,12 +216,22 @@ impl SqliteStore {
         self.write(write).await.map(|_| ())
     }
 
-    /// The connection the other writes of this process run their own transaction on, in turn
-    /// with the writer's groups. Drop it as soon as the transaction is over.
+    /// A connection for the writes that run their own transaction, while the writer waits
+    /// between two groups. Drop it as soon as the transaction is over, and do not write through
+    /// the writer meanwhile (it waits for this).
     async fn write_conn(&self) -> Result<WriteConn> {
-        match self.writer().await? {
-            Some(writer) => Ok(WriteConn::Lent(writer.lend().await?)),
-            None => Ok(WriteConn::Pool(self.pool.acquire().await?)),
+        let turn = self.writer().await?.turn().await?;
+        Ok(WriteConn {
+            conn: self.pool.acquire().await?,
+            _turn: turn,
+        })
+    }
+
+    /// Commits the writes already handed over and stops the writer; writing through this store
+    /// afterwards fails with an error saying so. Reads go on working.
+    pub async fn close(&self) {
+        if let Some(writer) = self.writer.get() {
+            writer.close().await;
         }
     }
 
@@ -211,8 +241,12 @@ impl SqliteStore {
             return Err(StoreError::NotFound(id_or_prefix.to_owned()));
         }
         let ids: Vec<String> =
-            sqlx::query_scalar("SELECT id FROM tasks WHERE id LIKE ? || '%' ORDER BY id LIMIT 2")
-                .bind(wanted.to_ascii_lowercase())
+            // A range on the primary key (ids are lowercase hex and '-', all below '~'), so a
+            // lookup costs the same with ten tasks or a million.
+            sqlx::query_scalar(
+                "SELECT id FROM tasks WHERE id >= ?1 AND id < ?1 || '~' ORDER BY id LIMIT 2",
+            )
+            .bind(wanted.to_ascii_lowercase())
                 .fetch_all(&self.pool)
                 .await?;
         match ids.as_slice() {
@@ -222,11 +256,12 @@ impl SqliteStore {
                 if ids.iter().any(|id| id == wanted) {
                     return Ok(wanted.to_owned());
                 }
-                let count: i64 =
-                    sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE id LIKE ? || '%'")
-                        .bind(wanted)
-                        .fetch_one(&self.pool)
-                        .await?;
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM tasks WHERE id >= ?1 AND id < ?1 || '~'",
+                )
+                .bind(wanted.to_ascii_lowercase())
+                .fetch_one(&self.pool)
+                .await?;
                 Err(StoreError::Ambiguous {
                     prefix: wanted.to_owned(),
                     count: count as usize,

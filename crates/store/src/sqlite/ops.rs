@@ -1,17 +1,20 @@
 //! The writes that go through the group-commit writer (`writer.rs`) as owned values, with every
-//! JSON column already serialised by the caller, so the writer only runs SQL: steps, rejections,
-//! tool results and statuses (`ops_steps.rs`), lease heartbeats and releases, claims, settles
-//! and rate windows (`ops_queue.rs`). Each runs inside the transaction the writer opened.
+//! JSON column already serialised by the caller, so the writer only runs SQL: new tasks
+//! (`ops_tasks.rs`), steps, rejections, tool results and statuses (`ops_steps.rs`), lease
+//! heartbeats and releases, claims, settles and rate windows (`ops_queue.rs`). Each runs inside the transaction the writer opened, on
+//! the writer's own connection.
 
-use sqlx::SqliteConnection;
+use rusqlite::Connection;
 
 use super::ops_queue::{Claim, Rate, RateTokens, Release, Renew, Settle};
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
+use super::ops_tasks::NewTasks;
+use crate::StoreError;
 use crate::queue::{Claimed, RateDecision};
-use crate::{Result, StoreError};
 
 /// One write.
 pub(super) enum Write {
+    NewTasks(NewTasks),
     Step(Step),
     Rejection(Rejection),
     ActionDone(ActionDone),
@@ -32,46 +35,76 @@ pub(super) enum Reply {
     Rate(RateDecision),
 }
 
+/// Why a write did not happen.
+pub(super) enum Failure {
+    /// A condition refused it (a stale version, a lost lease, no pending intent): the caller's
+    /// error.
+    Refused(StoreError),
+    /// SQLite failed a statement.
+    Sql(rusqlite::Error),
+    /// The transaction ended under the writer's feet.
+    TransactionLost,
+}
+
+impl From<rusqlite::Error> for Failure {
+    fn from(error: rusqlite::Error) -> Self {
+        Failure::Sql(error)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        Failure::Refused(error)
+    }
+}
+
+pub(super) type OpResult<T> = std::result::Result<T, Failure>;
+
 /// What applying a write came to.
 pub(super) enum Applied {
-    /// The write's own result; the transaction goes on.
-    Done(Result<Reply>),
-    /// The write failed and the transaction could not be brought back to before it: nothing of
-    /// the group is kept.
-    Broken(StoreError),
+    /// The write happened, or failed and left nothing behind; the transaction goes on.
+    Done(std::result::Result<Reply, Failure>),
+    /// The write failed and the transaction is gone (SQLite rolls it back on some I/O errors):
+    /// nothing of the group is kept.
+    Broken(Failure),
 }
 
 impl Write {
-    /// Runs the write inside the caller's transaction, between `SAVEPOINT one` and `RELEASE
-    /// one`, as few trips to SQLite's connection thread as it can (most writes are one
-    /// multi-statement query). A write refused by a condition (a stale version, a lost lease,
-    /// no pending intent) changes nothing: its later statements are guarded by `changes() = 1`.
-    /// A statement that fails is undone by `ROLLBACK TO one`; when even that fails, the
-    /// transaction is gone and `Broken` says so.
-    pub(super) async fn apply(&self, conn: &mut SqliteConnection) -> Applied {
+    /// Runs the write inside the caller's transaction, under `SAVEPOINT one`: a write that
+    /// fails, for whatever reason, is rolled back to it and leaves nothing behind.
+    pub(super) fn apply(&self, conn: &Connection) -> Applied {
+        if let Err(error) = run_cached(conn, "SAVEPOINT one") {
+            return Applied::Broken(Failure::Sql(error));
+        }
         let result = match self {
-            Write::Step(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::Rejection(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::ActionDone(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::Status(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::Renew(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::Release(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::Settle(write) => write.run(conn).await.map(|()| Reply::Done),
-            Write::Claim(write) => write.run(conn).await.map(Reply::Claimed),
-            Write::Rate(write) => write.run(conn).await.map(Reply::Rate),
-            Write::RateTokens(write) => write.run(conn).await.map(|()| Reply::Done),
+            Write::NewTasks(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Step(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Rejection(write) => write.run(conn).map(|()| Reply::Done),
+            Write::ActionDone(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Status(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Renew(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Release(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Settle(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Claim(write) => write.run(conn).map(Reply::Claimed),
+            Write::Rate(write) => write.run(conn).map(Reply::Rate),
+            Write::RateTokens(write) => write.run(conn).map(|()| Reply::Done),
         };
-        match result {
-            Err(StoreError::Database(error)) => {
-                match sqlx::raw_sql("ROLLBACK TO one; RELEASE one")
-                    .execute(&mut *conn)
-                    .await
-                {
-                    Ok(_) => Applied::Done(Err(StoreError::Database(error))),
-                    Err(_) => Applied::Broken(StoreError::Database(error)),
-                }
+        let end = match result {
+            Ok(_) => run_cached(conn, "RELEASE one"),
+            Err(_) => {
+                run_cached(conn, "ROLLBACK TO one").and_then(|()| run_cached(conn, "RELEASE one"))
             }
-            other => Applied::Done(other),
+        };
+        match (end, result) {
+            (Ok(()), result) if !conn.is_autocommit() => Applied::Done(result),
+            (_, Err(failure)) => Applied::Broken(failure),
+            (Err(error), Ok(_)) => Applied::Broken(Failure::Sql(error)),
+            (Ok(()), Ok(_)) => Applied::Broken(Failure::TransactionLost),
         }
     }
+}
+
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
 }

@@ -2,13 +2,15 @@
 //! claims and shared rate windows. Two claims in one group see each other (same transaction),
 //! so they never take the same task.
 
-use sqlx::{Row, SqliteConnection};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::model::LeaseClaim;
+use super::ops::OpResult;
+use crate::StoreError;
+use crate::model::{LeaseClaim, LeaseInfo};
 use crate::queue::{Claimed, RateDecision, RateLimit};
 use crate::queue_rows::{RATE_WINDOW_MS, RateEntry, rate_decision};
-use crate::rows::lease_from_row;
-use crate::{Result, StoreError};
+
+const NO_LEASE: &str = "lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL";
 
 /// Extends the lease `token` holds.
 pub(super) struct Renew {
@@ -18,19 +20,17 @@ pub(super) struct Renew {
 }
 
 impl Renew {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
-        let renewed = sqlx::query(
-            "SAVEPOINT one; UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ? RETURNING id; RELEASE one",
-        )
-        .bind(self.expires_at)
-        .bind(&self.task)
-        .bind(&self.token)
-        .fetch_all(&mut *conn)
-        .await?;
-        if renewed.is_empty() {
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        let renewed = conn
+            .prepare_cached(
+                "UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ?",
+            )?
+            .execute(params![self.expires_at, self.task, self.token])?;
+        if renewed != 1 {
             return Err(StoreError::LeaseLost {
                 task: self.task.clone(),
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -43,14 +43,11 @@ pub(super) struct Release {
 }
 
 impl Release {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
-        sqlx::query(
-            "SAVEPOINT one; UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = ? AND lease_token = ?; RELEASE one",
-        )
-        .bind(&self.task)
-        .bind(&self.token)
-        .execute(&mut *conn)
-        .await?;
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        conn.prepare_cached(&format!(
+            "UPDATE tasks SET {NO_LEASE} WHERE id = ? AND lease_token = ?"
+        ))?
+        .execute(params![self.task, self.token])?;
         Ok(())
     }
 }
@@ -67,36 +64,35 @@ pub(super) struct Settle {
 }
 
 impl Settle {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
-        let settled = sqlx::query(
-            "SAVEPOINT one; \
-             UPDATE tasks SET queue = ?, tries = tries + ?, not_before = ?, failure = COALESCE(?, failure), updated_at = ?, \
-             lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
-             WHERE id = ? AND lease_token = ? RETURNING id; \
-             RELEASE one",
-        )
-        .bind(self.queue)
-        .bind(self.tries)
-        .bind(self.not_before)
-        .bind(&self.failure)
-        .bind(self.now)
-        .bind(&self.task)
-        .bind(&self.token)
-        .fetch_all(&mut *conn)
-        .await?;
-        if !settled.is_empty() {
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        let settled = conn
+            .prepare_cached(&format!(
+                "UPDATE tasks SET queue = ?, tries = tries + ?, not_before = ?, failure = COALESCE(?, failure), updated_at = ?, {NO_LEASE} \
+                 WHERE id = ? AND lease_token = ?"
+            ))?
+            .execute(params![
+                self.queue,
+                self.tries,
+                self.not_before,
+                self.failure,
+                self.now,
+                self.task,
+                self.token
+            ])?;
+        if settled == 1 {
             return Ok(());
         }
-        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = ?")
-            .bind(&self.task)
-            .fetch_optional(&mut *conn)
-            .await?;
+        let found: Option<i64> = conn
+            .prepare_cached("SELECT 1 FROM tasks WHERE id = ?")?
+            .query_row([&self.task], |row| row.get(0))
+            .optional()?;
         Err(match found {
             None => StoreError::NotFound(self.task.clone()),
             Some(_) => StoreError::LeaseLost {
                 task: self.task.clone(),
             },
-        })
+        }
+        .into())
     }
 }
 
@@ -109,39 +105,46 @@ pub(super) struct Claim {
 }
 
 impl Claim {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<Option<Claimed>> {
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<Option<Claimed>> {
         // Claimable: queued, past its backoff, nobody's lease, its batch open; oldest first.
-        let row = sqlx::query(
-            "SAVEPOINT one; \
-             UPDATE tasks SET lease_token = ?2, lease_holder = ?3, lease_process = ?4, lease_acquired_at = ?1, lease_expires_at = ?5 \
-             WHERE id = (SELECT t.id FROM tasks t WHERE t.queue = 'queued' AND (t.not_before IS NULL OR t.not_before <= ?1) \
-                 AND (t.lease_token IS NULL OR t.lease_expires_at <= ?1) \
-                 AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') \
-                 AND (?6 IS NULL OR t.batch_id = ?6) ORDER BY t.created_at, t.id LIMIT 1) \
-             RETURNING id, batch_id, tries, lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at; \
-             RELEASE one",
-        )
-        .bind(self.now)
-        .bind(&self.claim.token)
-        .bind(&self.claim.holder)
-        .bind(&self.claim.process)
-        .bind(self.expires_at)
-        .bind(&self.batch)
-        // All rows, so that the query runs to its RELEASE.
-        .fetch_all(&mut *conn)
-        .await?;
-        let Some(row) = row.first() else {
-            return Ok(None);
-        };
-        let lease = lease_from_row(row)?.ok_or_else(|| StoreError::Decode {
-            what: "claimed task".into(),
-            message: "the claim wrote no lease".into(),
-        })?;
-        Ok(Some(Claimed {
-            task_id: row.try_get("id")?,
-            batch_id: row.try_get("batch_id")?,
-            tries: u32::try_from(row.try_get::<i64, _>("tries")?.max(0)).unwrap_or(u32::MAX),
-            lease,
+        let claimed = conn
+            .prepare_cached(
+                "UPDATE tasks SET lease_token = ?2, lease_holder = ?3, lease_process = ?4, lease_acquired_at = ?1, lease_expires_at = ?5 \
+                 WHERE id = (SELECT t.id FROM tasks t WHERE t.queue = 'queued' AND (t.not_before IS NULL OR t.not_before <= ?1) \
+                     AND (t.lease_token IS NULL OR t.lease_expires_at <= ?1) \
+                     AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') \
+                     AND (?6 IS NULL OR t.batch_id = ?6) ORDER BY t.created_at, t.id LIMIT 1) \
+                 RETURNING id, batch_id, tries",
+            )?
+            .query_row(
+                params![
+                    self.now,
+                    self.claim.token,
+                    self.claim.holder,
+                    self.claim.process,
+                    self.expires_at,
+                    self.batch
+                ],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, Option<String>>(1)?,
+                        row.get::<_, i64>(2)?,
+                    ))
+                },
+            )
+            .optional()?;
+        Ok(claimed.map(|(task_id, batch_id, tries)| Claimed {
+            task_id,
+            batch_id,
+            tries: u32::try_from(tries.max(0)).unwrap_or(u32::MAX),
+            lease: LeaseInfo {
+                token: self.claim.token.clone(),
+                holder: self.claim.holder.clone(),
+                process: self.claim.process.clone(),
+                acquired_at: self.now,
+                expires_at: self.expires_at,
+            },
         }))
     }
 }
@@ -155,40 +158,33 @@ pub(super) struct Rate {
 }
 
 impl Rate {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<RateDecision> {
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<RateDecision> {
         // The writer holds the database's write lock: every caller of every process reads and
         // writes the window in turn.
-        sqlx::query("SAVEPOINT one; DELETE FROM rate_events WHERE scope = ? AND at <= ?")
-            .bind(&self.scope)
-            .bind(self.now - RATE_WINDOW_MS)
-            .execute(&mut *conn)
-            .await?;
-        let window: Vec<(i64, i64, i64)> = sqlx::query_as(
+        conn.prepare_cached("DELETE FROM rate_events WHERE scope = ? AND at <= ?")?
+            .execute(params![self.scope, self.now - RATE_WINDOW_MS])?;
+        let mut select = conn.prepare_cached(
             "SELECT at, requests, tokens FROM rate_events WHERE scope = ? ORDER BY at",
-        )
-        .bind(&self.scope)
-        .fetch_all(&mut *conn)
-        .await?;
-        let window: Vec<RateEntry> = window
-            .into_iter()
-            .map(|(at, requests, tokens)| RateEntry {
-                at,
-                requests: requests.max(0) as u64,
-                tokens: tokens.max(0) as u64,
-            })
-            .collect();
+        )?;
+        let window = select
+            .query_map([&self.scope], |row| {
+                Ok(RateEntry {
+                    at: row.get(0)?,
+                    requests: row.get::<_, i64>(1)?.max(0) as u64,
+                    tokens: row.get::<_, i64>(2)?.max(0) as u64,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         let decision = rate_decision(&self.limit, self.now, &window, self.tokens);
         if decision == RateDecision::Granted {
-            sqlx::query(
-                "INSERT INTO rate_events (scope, at, requests, tokens) VALUES (?, ?, 1, ?); RELEASE one",
-            )
-            .bind(&self.scope)
-            .bind(self.now)
-            .bind(self.tokens.min(i64::MAX as u64) as i64)
-            .execute(&mut *conn)
-            .await?;
-        } else {
-            sqlx::query("RELEASE one").execute(&mut *conn).await?;
+            conn.prepare_cached(
+                "INSERT INTO rate_events (scope, at, requests, tokens) VALUES (?, ?, 1, ?)",
+            )?
+            .execute(params![
+                self.scope,
+                self.now,
+                self.tokens.min(i64::MAX as u64) as i64
+            ])?;
         }
         Ok(decision)
     }
@@ -202,15 +198,15 @@ pub(super) struct RateTokens {
 }
 
 impl RateTokens {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
-        sqlx::query(
-            "SAVEPOINT one; INSERT INTO rate_events (scope, at, requests, tokens) VALUES (?, ?, 0, ?); RELEASE one",
-        )
-        .bind(&self.scope)
-        .bind(self.now)
-        .bind(self.tokens.min(i64::MAX as u64) as i64)
-        .execute(&mut *conn)
-        .await?;
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        conn.prepare_cached(
+            "INSERT INTO rate_events (scope, at, requests, tokens) VALUES (?, ?, 0, ?)",
+        )?
+        .execute(params![
+            self.scope,
+            self.now,
+            self.tokens.min(i64::MAX as u64) as i64
+        ])?;
         Ok(())
     }
 }

@@ -1,47 +1,13 @@
 //! The step writes of the group-commit writer: accepted steps, rejections, tool results and
-//! statuses, each one multi-statement query.
+//! statuses.
 
+use rusqlite::{Connection, OptionalExtension, params};
 use skillstate_core::json::state_hash;
-use sqlx::SqliteConnection;
 
+use super::ops::OpResult;
+use crate::StoreError;
 use crate::model::*;
 use crate::rows::{to_json, verdict_str};
-use crate::{Result, StoreError};
-
-type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
-
-macro_rules! journal_sql {
-    () => {
-        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) \
-         SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-    };
-}
-
-/// The version check and the state: the UPDATE returns a row only when the task was at the
-/// expected version, and the journal row follows only then.
-macro_rules! step_sql {
-    () => {
-        concat!(
-            "SAVEPOINT one; \
-             UPDATE tasks SET state = ?, version = ?, updated_at = ?, status = COALESCE(?, status), outcome = COALESCE(?, outcome) WHERE id = ? AND version = ? RETURNING version; ",
-            journal_sql!(),
-            " WHERE changes() = 1; "
-        )
-    };
-}
-
-macro_rules! intent_sql {
-    () => {
-        "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) \
-         SELECT ?, ?, ?, ?, ?, ?, 'pending', ? WHERE changes() = 1; "
-    };
-}
-
-macro_rules! snapshot_sql {
-    () => {
-        "INSERT INTO snapshots (task_id, step, state, state_hash) SELECT ?, ?, ?, ? WHERE changes() = 1; "
-    };
-}
 
 /// A journal row, ready to bind.
 pub(super) struct EntryRow {
@@ -79,23 +45,28 @@ impl EntryRow {
         }
     }
 
-    /// Binds the row's values in `journal_sql!()`'s order.
-    fn bind<'q>(&'q self, query: Query<'q>, task: &'q str) -> Query<'q> {
-        query
-            .bind(task)
-            .bind(self.step)
-            .bind(self.attempt)
-            .bind(self.verdict)
-            .bind(&self.output)
-            .bind(&self.patch)
-            .bind(&self.action)
-            .bind(&self.errors)
-            .bind(&self.state_hash)
-            .bind(self.prompt_tokens)
-            .bind(&self.prompt_hash)
-            .bind(&self.usage)
-            .bind(self.latency_ms)
-            .bind(self.created_at)
+    fn insert(&self, conn: &Connection, task: &str) -> rusqlite::Result<()> {
+        conn.prepare_cached(
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )?
+        .execute(params![
+            task,
+            self.step,
+            self.attempt,
+            self.verdict,
+            self.output,
+            self.patch,
+            self.action,
+            self.errors,
+            self.state_hash,
+            self.prompt_tokens,
+            self.prompt_hash,
+            self.usage,
+            self.latency_ms,
+            self.created_at,
+        ])?;
+        Ok(())
     }
 }
 
@@ -149,55 +120,51 @@ impl Step {
         }
     }
 
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
         let next = (self.expected_version + 1) as i64;
-        let sql = match (self.intent.is_some(), self.snapshot.is_some()) {
-            (false, false) => concat!(step_sql!(), "RELEASE one"),
-            (true, false) => concat!(step_sql!(), intent_sql!(), "RELEASE one"),
-            (false, true) => concat!(step_sql!(), snapshot_sql!(), "RELEASE one"),
-            (true, true) => concat!(step_sql!(), intent_sql!(), snapshot_sql!(), "RELEASE one"),
-        };
-        let mut query = sqlx::query(sql)
-            .bind(&self.state)
-            .bind(next)
-            .bind(self.now)
-            .bind(self.status)
-            .bind(&self.outcome)
-            .bind(&self.task)
-            .bind(self.expected_version as i64);
-        query = self.entry.bind(query, &self.task);
+        // The version check and the state write are one statement.
+        let updated = conn
+            .prepare_cached(
+                "UPDATE tasks SET state = ?, version = ?, updated_at = ?, status = COALESCE(?, status), outcome = COALESCE(?, outcome) WHERE id = ? AND version = ?",
+            )?
+            .execute(params![
+                self.state,
+                next,
+                self.now,
+                self.status,
+                self.outcome,
+                self.task,
+                self.expected_version as i64,
+            ])?;
+        if updated != 1 {
+            let actual: Option<i64> = conn
+                .prepare_cached("SELECT version FROM tasks WHERE id = ?")?
+                .query_row([&self.task], |row| row.get(0))
+                .optional()?;
+            return Err(match actual {
+                None => StoreError::NotFound(self.task.clone()),
+                Some(actual) => StoreError::Conflict {
+                    task: self.task.clone(),
+                    expected: self.expected_version,
+                    actual: actual.max(0) as u64,
+                },
+            }
+            .into());
+        }
+        self.entry.insert(conn, &self.task)?;
         if let Some((tool, args, key, side_effect)) = &self.intent {
-            query = query
-                .bind(&self.task)
-                .bind(next)
-                .bind(tool)
-                .bind(args)
-                .bind(key)
-                .bind(side_effect)
-                .bind(self.now);
+            conn.prepare_cached(
+                "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+            )?
+            .execute(params![self.task, next, tool, args, key, side_effect, self.now])?;
         }
         if let Some(hash) = &self.snapshot {
-            query = query
-                .bind(&self.task)
-                .bind(next)
-                .bind(&self.state)
-                .bind(hash);
+            conn.prepare_cached(
+                "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)",
+            )?
+            .execute(params![self.task, next, self.state, hash])?;
         }
-        if !query.fetch_all(&mut *conn).await?.is_empty() {
-            return Ok(());
-        }
-        let actual: Option<i64> = sqlx::query_scalar("SELECT version FROM tasks WHERE id = ?")
-            .bind(&self.task)
-            .fetch_optional(&mut *conn)
-            .await?;
-        Err(match actual {
-            None => StoreError::NotFound(self.task.clone()),
-            Some(actual) => StoreError::Conflict {
-                task: self.task.clone(),
-                expected: self.expected_version,
-                actual: actual.max(0) as u64,
-            },
-        })
+        Ok(())
     }
 }
 
@@ -209,18 +176,10 @@ pub(super) struct Rejection {
 }
 
 impl Rejection {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
-        let query = sqlx::query(concat!(
-            "SAVEPOINT one; ",
-            journal_sql!(),
-            "; UPDATE tasks SET updated_at = ? WHERE id = ?; RELEASE one"
-        ));
-        self.entry
-            .bind(query, &self.task)
-            .bind(self.now)
-            .bind(&self.task)
-            .execute(&mut *conn)
-            .await?;
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        self.entry.insert(conn, &self.task)?;
+        conn.prepare_cached("UPDATE tasks SET updated_at = ? WHERE id = ?")?
+            .execute(params![self.now, self.task])?;
         Ok(())
     }
 }
@@ -234,36 +193,37 @@ pub(super) struct ActionDone {
 }
 
 impl ActionDone {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
         let result = &self.result;
-        // The intent must still be pending; the observation and checkpoint follow only then.
-        let completed = sqlx::query(
-            "SAVEPOINT one; \
-             UPDATE intents SET status = 'done', ok = ?, result = ?, finished_at = ? WHERE task_id = ? AND step = ? AND status = 'pending' RETURNING step; \
-             INSERT INTO observations (task_id, step, text) SELECT ?, ?, ? WHERE changes() = 1; \
-             UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ? AND changes() = 1; \
-             RELEASE one",
-        )
-        .bind(result.ok)
-        .bind(&result.result)
-        .bind(self.now)
-        .bind(&self.task)
-        .bind(result.step as i64)
-        .bind(&self.task)
-        .bind((result.step + 1) as i64)
-        .bind(&result.next_observation)
-        .bind(&self.env_checkpoint)
-        .bind(self.now)
-        .bind(&self.task)
-        .fetch_all(&mut *conn)
-        .await?;
-        if completed.is_empty() {
+        let completed = conn
+            .prepare_cached(
+                "UPDATE intents SET status = 'done', ok = ?, result = ?, finished_at = ? WHERE task_id = ? AND step = ? AND status = 'pending'",
+            )?
+            .execute(params![
+                result.ok,
+                result.result,
+                self.now,
+                self.task,
+                result.step as i64
+            ])?;
+        if completed != 1 {
             return Err(StoreError::Corrupt {
                 task: self.task.clone(),
                 step: result.step,
                 message: "no pending action intent to complete".into(),
-            });
+            }
+            .into());
         }
+        conn.prepare_cached("INSERT INTO observations (task_id, step, text) VALUES (?, ?, ?)")?
+            .execute(params![
+                self.task,
+                (result.step + 1) as i64,
+                result.next_observation
+            ])?;
+        conn.prepare_cached(
+            "UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ?",
+        )?
+        .execute(params![self.env_checkpoint, self.now, self.task])?;
         Ok(())
     }
 }
@@ -277,18 +237,14 @@ pub(super) struct Status {
 }
 
 impl Status {
-    pub(super) async fn run(&self, conn: &mut SqliteConnection) -> Result<()> {
-        let updated = sqlx::query(
-            "SAVEPOINT one; UPDATE tasks SET status = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE id = ? RETURNING id; RELEASE one",
-        )
-        .bind(self.status)
-        .bind(&self.outcome)
-        .bind(self.now)
-        .bind(&self.task)
-        .fetch_all(&mut *conn)
-        .await?;
-        if updated.is_empty() {
-            return Err(StoreError::NotFound(self.task.clone()));
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        let updated = conn
+            .prepare_cached(
+                "UPDATE tasks SET status = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE id = ?",
+            )?
+            .execute(params![self.status, self.outcome, self.now, self.task])?;
+        if updated == 0 {
+            return Err(StoreError::NotFound(self.task.clone()).into());
         }
         Ok(())
     }

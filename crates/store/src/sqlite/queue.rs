@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use super::SqliteStore;
 use super::ops::{Reply, Write};
 use super::ops_queue::{Claim, Rate, RateTokens, Settle as SettleWrite};
-use super::tasks::insert_task;
+use super::ops_tasks::{NewTasks, TaskRow};
 use crate::model::*;
 use crate::queue::*;
 use crate::queue_rows::{BATCH_COLUMNS, batch_from_row, on_error_str};
@@ -22,21 +22,23 @@ impl SqliteStore {
         if wanted.is_empty() || !wanted.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(StoreError::NoSuchBatch(id_or_prefix.to_owned()));
         }
-        let ids: Vec<String> =
-            sqlx::query_scalar("SELECT id FROM batches WHERE id LIKE ? || '%' ORDER BY id LIMIT 2")
-                .bind(&wanted)
-                .fetch_all(&self.pool)
-                .await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM batches WHERE id >= ?1 AND id < ?1 || '~' ORDER BY id LIMIT 2",
+        )
+        .bind(&wanted)
+        .fetch_all(&self.pool)
+        .await?;
         match ids.as_slice() {
             [] => Err(StoreError::NoSuchBatch(id_or_prefix.to_owned())),
             [one] => Ok(one.clone()),
             _ if ids.contains(&wanted) => Ok(wanted),
             _ => {
-                let count: i64 =
-                    sqlx::query_scalar("SELECT COUNT(*) FROM batches WHERE id LIKE ? || '%'")
-                        .bind(&wanted)
-                        .fetch_one(&self.pool)
-                        .await?;
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM batches WHERE id >= ?1 AND id < ?1 || '~'",
+                )
+                .bind(&wanted)
+                .fetch_one(&self.pool)
+                .await?;
                 Err(StoreError::AmbiguousBatch {
                     prefix: wanted,
                     count: count as usize,
@@ -69,33 +71,18 @@ impl Queue for SqliteStore {
     }
 
     async fn enqueue_tasks(&self, batch: &str, tasks: Vec<QueuedTask>) -> Result<Vec<String>> {
-        let now = now_millis();
-        let mut conn = self.write_conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM batches WHERE id = ?")
-            .bind(batch)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if found.is_none() {
-            return Err(StoreError::NoSuchBatch(batch.to_owned()));
-        }
-        // One transaction; sqlx keeps each statement prepared on the connection, so the loop
-        // only binds and steps.
-        let mut ids = Vec::with_capacity(tasks.len());
-        for queued in &tasks {
-            let id = uuid::Uuid::now_v7().to_string();
-            insert_task(
-                &mut tx,
-                &id,
-                &queued.task,
-                &queued.initial_state,
-                now,
-                Some((batch, &queued.labels)),
-            )
-            .await?;
-            ids.push(id);
-        }
-        tx.commit().await?;
+        // Serialised here, written by the writer in one savepoint: all or nothing.
+        let rows: Vec<TaskRow> = tasks
+            .iter()
+            .map(|t| TaskRow::new(&t.task, &t.initial_state, Some(&t.labels)))
+            .collect();
+        let ids = rows.iter().map(|row| row.id.clone()).collect();
+        self.write_done(Write::NewTasks(NewTasks {
+            rows,
+            batch: Some(batch.to_owned()),
+            now: now_millis(),
+        }))
+        .await?;
         Ok(ids)
     }
 

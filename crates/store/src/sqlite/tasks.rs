@@ -5,66 +5,24 @@ use serde_json::Value;
 use skillstate_core::json::state_hash;
 use sqlx::Connection;
 
+use super::ops::Write;
+use super::ops_tasks::{NewTasks, TaskRow};
 use super::{SqliteStore, TASK_COLUMNS};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
 use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
 
-/// Writes a new task at version 0: its row, the snapshot of step 0 and the observation step 1
-/// starts from; queued in `batch` with its labels when given.
-pub(super) async fn insert_task(
-    conn: &mut sqlx::SqliteConnection,
-    id: &str,
-    task: &NewTask,
-    initial_state: &Value,
-    now: i64,
-    batch: Option<(&str, &Value)>,
-) -> Result<()> {
-    let state = to_json(initial_state);
-    sqlx::query(
-        "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?)",
-    )
-    .bind(id)
-    .bind(&task.skill.name)
-    .bind(to_json(&task.skill))
-    .bind(to_json(&task.tools))
-    .bind(task.context.as_str())
-    .bind(task.context_budget.map(|b| b as i64))
-    .bind(&task.model)
-    .bind(task.environment.as_ref().map(to_json))
-    .bind(task.env_checkpoint.as_ref().map(to_json))
-    .bind(&state)
-    .bind(now)
-    .bind(now)
-    .bind(batch.map(|(batch, _)| batch))
-    .bind(batch.map(|_| "queued"))
-    .bind(batch.map(|(_, labels)| to_json(labels)))
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query("INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)")
-        .bind(id)
-        .bind(&state)
-        .bind(state_hash(initial_state))
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("INSERT INTO observations (task_id, step, text) VALUES (?, 1, ?)")
-        .bind(id)
-        .bind(&task.opening_observation)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
 #[async_trait]
 impl Tasks for SqliteStore {
     async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord> {
-        let id = uuid::Uuid::now_v7().to_string();
-        let now = now_millis();
-        let mut conn = self.write_conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        insert_task(&mut tx, &id, &task, initial_state, now, None).await?;
-        tx.commit().await?;
-        drop(conn);
+        let row = TaskRow::new(&task, initial_state, None);
+        let id = row.id.clone();
+        self.write_done(Write::NewTasks(NewTasks {
+            rows: vec![row],
+            batch: None,
+            now: now_millis(),
+        }))
+        .await?;
         self.task(&id).await
     }
 

@@ -1,44 +1,52 @@
-//! Group commit: one writer task owns one connection and commits the hot-path writes of every
+//! Group commit: one writer thread owns one connection and commits the hot-path writes of every
 //! task of the process together, so many concurrent tasks share one WAL sync instead of paying
 //! one each.
 //!
 //! The writer takes the first waiting request, drains whatever else is waiting at that moment
 //! (at most `MAX_GROUP`), and runs them in ONE `BEGIN IMMEDIATE` … `COMMIT`, each request under
 //! its own SAVEPOINT (`ops.rs`): a request that fails (a version `Conflict`, a failing
-//! statement) changes nothing, or is rolled back to its savepoint, and gets its own error while
-//! the others still commit. Every request is answered only after `COMMIT` returned, so
-//! "committed" means on disk under the configured `synchronous` setting, exactly as with one
-//! transaction per write. While one group syncs, the next one gathers.
+//! statement) is rolled back to its savepoint and gets its own error while the others still
+//! commit. Every request is answered only after `COMMIT` returned, so "committed" means on disk
+//! under the configured `synchronous` setting, exactly as with one transaction per write. While
+//! one group syncs, the next one gathers.
+//!
+//! The writer is a plain thread with its own connection, so a whole group runs without one
+//! thread hop per statement (which is what a pooled async connection costs, and what limited
+//! group commit to ~2,500 steps/s here).
 //!
 //! The other writes of the process (creating and forking tasks, enqueueing, taking a lease, ...)
-//! borrow the writer's connection between groups (`lend`) and run their own transaction on it:
-//! within the process nobody waits on SQLite's busy handler, which would lose every race
-//! against a writer that commits back to back.
+//! run on a pooled connection while the writer waits between two groups (`turn`): within the
+//! process nobody waits on SQLite's busy handler, which would lose every race against a writer
+//! that commits back to back.
 //!
 //! Requests travel through a bounded channel (callers wait when it is full); a writer that is
 //! gone answers with an error, never a hang.
 
-use std::ops::{Deref, DerefMut};
+use std::path::Path;
+use std::time::Duration;
 
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{Connection, SqliteConnection};
+use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-use super::ops::{Applied, Reply, Write};
+use super::ops::{Applied, Failure, Reply, Write};
 use crate::{Result, StoreError};
 
 /// Requests waiting for the writer before callers wait to hand theirs over.
 const QUEUE: usize = 1024;
 /// Writes committed together at most.
 const MAX_GROUP: usize = 256;
+/// How long the writer waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 enum Request {
     Write {
         write: Box<Write>,
         reply: oneshot::Sender<Result<Reply>>,
     },
-    /// Hand the connection over until the `Lent` guard is dropped.
-    Lend(oneshot::Sender<Lent>),
+    /// Wait, holding no lock, until the `Turn` guard sent back is dropped.
+    Turn(oneshot::Sender<Turn>),
+    /// Finish what was handed over, then stop.
+    Close,
 }
 
 pub(super) struct Writer {
@@ -46,45 +54,54 @@ pub(super) struct Writer {
     location: String,
 }
 
-/// The writer's connection, borrowed; goes back to the writer when dropped (also when the
-/// borrower's future is cancelled; sqlx rolls back a transaction left open on it).
-pub(super) struct Lent {
-    conn: Option<SqliteConnection>,
-    back: Option<oneshot::Sender<SqliteConnection>>,
+/// The writer's turn, given to a writer of the pool: the writer waits until this is dropped.
+pub(super) struct Turn {
+    done: Option<oneshot::Sender<()>>,
 }
 
-impl Deref for Lent {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &SqliteConnection {
-        self.conn.as_ref().expect("a lent connection until dropped")
-    }
-}
-
-impl DerefMut for Lent {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        self.conn.as_mut().expect("a lent connection until dropped")
-    }
-}
-
-impl Drop for Lent {
+impl Drop for Turn {
     fn drop(&mut self) {
-        if let (Some(conn), Some(back)) = (self.conn.take(), self.back.take()) {
-            let _ = back.send(conn);
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
         }
     }
 }
 
 impl Writer {
-    /// Opens the writer's own connection and starts the writer task on the current runtime.
-    pub(super) async fn start(options: &SqliteConnectOptions, location: &str) -> Result<Self> {
-        let conn = SqliteConnection::connect_with(options)
-            .await
+    /// Opens the writer's connection to `path` and starts the writer thread.
+    /// `synchronous` is the value of SQLite's `synchronous` pragma (`FULL`, `NORMAL`, `OFF`).
+    pub(super) async fn start(
+        path: &Path,
+        synchronous: &'static str,
+        location: &str,
+    ) -> Result<Self> {
+        let (sender, receiver) = mpsc::channel(QUEUE);
+        let (ready, opened) = oneshot::channel();
+        let path = path.to_owned();
+        let name = location.to_owned();
+        std::thread::Builder::new()
+            .name("skillstate-sqlite-writer".into())
+            .spawn(move || match open(&path, synchronous) {
+                Ok(conn) => {
+                    let _ = ready.send(Ok(()));
+                    run(conn, receiver, &name);
+                }
+                Err(error) => {
+                    let _ = ready.send(Err(error.to_string()));
+                }
+            })
             .map_err(|e| StoreError::Open {
                 location: location.to_owned(),
-                message: e.to_string(),
+                message: format!("cannot start the writer thread: {e}"),
             })?;
-        let (sender, receiver) = mpsc::channel(QUEUE);
-        tokio::spawn(run(conn, receiver, location.to_owned()));
+        let open_error = |message: String| StoreError::Open {
+            location: location.to_owned(),
+            message,
+        };
+        opened
+            .await
+            .map_err(|_| open_error("the writer thread stopped while opening".into()))?
+            .map_err(open_error)?;
         Ok(Self {
             sender,
             location: location.to_owned(),
@@ -94,7 +111,7 @@ impl Writer {
     fn gone(&self) -> StoreError {
         StoreError::Write {
             location: self.location.clone(),
-            message: "the store's writer task has stopped (its runtime shut down?); nothing more can be written through this store — open it again".into(),
+            message: "the store's writer has stopped (the store was closed); nothing more can be written through this store — open it again".into(),
         }
     }
 
@@ -111,122 +128,137 @@ impl Writer {
         answer.await.map_err(|_| self.gone())?
     }
 
-    /// Borrows the writer's connection between two groups.
-    pub(super) async fn lend(&self) -> Result<Lent> {
+    /// Waits for the writer to finish its current group and stand still until the turn is
+    /// dropped.
+    pub(super) async fn turn(&self) -> Result<Turn> {
         let (reply, answer) = oneshot::channel();
         self.sender
-            .send(Request::Lend(reply))
+            .send(Request::Turn(reply))
             .await
             .map_err(|_| self.gone())?;
         answer.await.map_err(|_| self.gone())
     }
+
+    /// Commits what was handed over, then stops the writer; later writes fail with an error.
+    pub(super) async fn close(&self) {
+        let _ = self.sender.send(Request::Close).await;
+    }
 }
 
-async fn run(conn: SqliteConnection, mut receiver: mpsc::Receiver<Request>, location: String) {
-    let mut conn = Some(conn);
-    let mut group = Vec::with_capacity(MAX_GROUP);
+fn open(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "synchronous", synchronous)?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn run(conn: Connection, mut receiver: mpsc::Receiver<Request>, location: &str) {
+    let mut group: Vec<(Box<Write>, oneshot::Sender<Result<Reply>>)> =
+        Vec::with_capacity(MAX_GROUP);
     let mut pending: Option<Request> = None;
     loop {
         let first = match pending.take() {
             Some(request) => request,
-            None => match receiver.recv().await {
+            None => match receiver.blocking_recv() {
                 Some(request) => request,
                 None => break,
             },
         };
-        let Some(mut current) = conn.take() else {
-            break;
-        };
         match first {
-            Request::Lend(reply) => {
-                let (back, returned) = oneshot::channel();
-                let lent = Lent {
-                    conn: Some(current),
-                    back: Some(back),
-                };
-                // A borrower that stopped waiting drops the guard, which sends it back.
-                let _ = reply.send(lent);
-                match returned.await {
-                    Ok(returned) => conn = Some(returned),
-                    // The guard was leaked with its connection: nothing more can be written.
-                    Err(_) => break,
-                }
+            Request::Write { write, reply } => group.push((write, reply)),
+            Request::Turn(reply) => {
+                let (done, finished) = oneshot::channel();
+                // A caller that stopped waiting drops the turn at once.
+                let _ = reply.send(Turn { done: Some(done) });
+                let _ = finished.blocking_recv();
                 continue;
             }
-            Request::Write { write, reply } => group.push((write, reply)),
+            Request::Close => break,
         }
         while group.len() < MAX_GROUP {
             match receiver.try_recv() {
                 Ok(Request::Write { write, reply }) => group.push((write, reply)),
-                Ok(lend) => {
+                Ok(other) => {
                     // Served after this group.
-                    pending = Some(lend);
+                    pending = Some(other);
                     break;
                 }
                 Err(_) => break,
             }
         }
         let writes: Vec<&Write> = group.iter().map(|(write, _)| &**write).collect();
-        let results = commit_group(&mut current, &writes, &location).await;
+        let results = commit_group(&conn, &writes, location);
         for ((_, reply), result) in group.drain(..).zip(results) {
             // A caller that stopped waiting no longer needs its answer.
             let _ = reply.send(result);
         }
-        conn = Some(current);
-    }
-    if let Some(conn) = conn {
-        let _ = conn.close().await;
     }
 }
 
 /// Runs `writes` in one transaction, each under its own savepoint, and returns one result per
 /// write, in order. A write reported `Ok` is committed.
-pub(super) async fn commit_group(
-    conn: &mut SqliteConnection,
-    writes: &[&Write],
-    location: &str,
-) -> Vec<Result<Reply>> {
-    let failed = |message: String| StoreError::Write {
-        location: location.to_owned(),
-        message,
+fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Result<Reply>> {
+    let error = |failure: Failure| match failure {
+        Failure::Refused(error) => error,
+        Failure::Sql(error) => StoreError::Write {
+            location: location.to_owned(),
+            message: error.to_string(),
+        },
+        Failure::TransactionLost => StoreError::Write {
+            location: location.to_owned(),
+            message: "the transaction ended unexpectedly".into(),
+        },
     };
-    if let Err(error) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-        let message = error.to_string();
+    if let Err(failure) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let message = failure.to_string();
         return writes
             .iter()
-            .map(|_| Err(failed(message.clone())))
+            .map(|_| {
+                Err(StoreError::Write {
+                    location: location.to_owned(),
+                    message: message.clone(),
+                })
+            })
             .collect();
     }
     let mut results = Vec::with_capacity(writes.len());
-    // Set when the transaction itself broke (SQLite rolls it back on some I/O errors).
-    let mut broken: Option<String> = None;
+    // Set when the transaction itself broke.
+    let mut broken = false;
     for write in writes {
-        match write.apply(conn).await {
-            Applied::Done(result) => results.push(result),
-            Applied::Broken(error) => {
-                broken = Some(error.to_string());
-                results.push(Err(error));
+        match write.apply(conn) {
+            Applied::Done(result) => results.push(result.map_err(error)),
+            Applied::Broken(failure) => {
+                results.push(Err(error(failure)));
+                broken = true;
                 break;
             }
         }
     }
-    let commit = match broken {
-        Some(message) => Err(message),
-        None => sqlx::query("COMMIT")
-            .execute(&mut *conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+    let commit = if broken {
+        Err("an earlier write of the same group broke the transaction".to_owned())
+    } else {
+        conn.execute_batch("COMMIT").map_err(|e| e.to_string())
     };
     if let Err(message) = commit {
-        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
         // Nothing of the group is on disk: every write that had succeeded fails now, and the
         // writes never tried fail too.
+        let failed = || StoreError::Write {
+            location: location.to_owned(),
+            message: message.clone(),
+        };
         let mut all: Vec<Result<Reply>> = results
             .into_iter()
-            .map(|result| result.and(Err(failed(message.clone()))))
+            .map(|result| result.and_then(|_| Err(failed())))
             .collect();
-        all.resize_with(writes.len(), || Err(failed(message.clone())));
+        all.resize_with(writes.len(), || Err(failed()));
         return all;
     }
     results
