@@ -29,7 +29,7 @@ mod tasks;
 pub(super) const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
 
 /// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server.
-const MAX_CONNECTIONS: u32 = 20;
+const MAX_CONNECTIONS: u32 = 16;
 /// Long enough to ride out a burst of concurrent commits, short enough that a dead server
 /// surfaces as an error instead of a hang.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
