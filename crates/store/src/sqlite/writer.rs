@@ -111,7 +111,7 @@ impl Writer {
     fn gone(&self) -> StoreError {
         StoreError::Write {
             location: self.location.clone(),
-            message: "the store's writer has stopped (the store was closed); nothing more can be written through this store — open it again".into(),
+            message: "the store's writer has stopped (the store was closed, or its thread failed); nothing more can be written through this store — open it again".into(),
         }
     }
 
