@@ -2,9 +2,8 @@
 //! through one group-commit writer (`writer.rs`): the hot path's (steps, rejections, tool
 //! results, statuses, lease heartbeats, claims, settles, rate windows: `ops*.rs`) in shared
 //! transactions, the others on a pooled connection during the writer's turns; reads use the
-//! pool. One module
-//! per concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `report.rs`); this one
-//! opens the file and resolves ids.
+//! pool. One module per concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with
+//! `report.rs`); this one opens the file and resolves ids.
 
 use std::path::PathBuf;
 use std::time::Duration;
