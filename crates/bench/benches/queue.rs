@@ -4,6 +4,7 @@
 //! cargo bench -p skillstate-bench --bench queue -- [--tasks 10000] [--steps 20]
 //!     [--concurrency 64] [--processes 1] [--db FILE | postgres://…]
 //! ```
+//! Under `cargo test` (no `--bench` argument) it runs 20 tasks of 3 steps, as a smoke test.
 //! Without `--db` a fresh SQLite file (synchronous = FULL) in a temporary directory is used.
 //! With `--processes N > 1` the tasks are run by N worker processes (this program re-run with
 //! `--join BATCH`), each with `--concurrency` slots. Prints one JSON line of figures.
@@ -19,6 +20,7 @@ struct Args {
     processes: usize,
     db: Option<String>,
     join: Option<String>,
+    bench: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -29,6 +31,7 @@ fn parse() -> Result<Args, String> {
         processes: 1,
         db: None,
         join: None,
+        bench: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -46,10 +49,15 @@ fn parse() -> Result<Args, String> {
             "--processes" => args.processes = number(value()?)?.max(1),
             "--db" => args.db = Some(value()?),
             "--join" => args.join = Some(value()?),
-            // cargo bench passes --bench; ignore it.
-            "--bench" => {}
+            // `cargo bench` passes --bench; `cargo test` does not and gets a smoke run.
+            "--bench" => args.bench = true,
             other => return Err(format!("unknown argument `{other}`")),
         }
+    }
+    if !args.bench && args.join.is_none() {
+        // Under `cargo test` (no --bench): check the benchmark runs, on a few small tasks.
+        args.tasks = args.tasks.min(20);
+        args.steps = args.steps.min(3);
     }
     Ok(args)
 }
@@ -105,6 +113,12 @@ fn run() -> Result<(), String> {
             "{}",
             serde_json::to_string(&report).map_err(|e| e.to_string())?
         );
+        if report.completed as usize != args.tasks {
+            return Err(format!(
+                "{} of {} tasks completed ({} failed)",
+                report.completed, args.tasks, report.failed
+            ));
+        }
         Ok(())
     })
 }
