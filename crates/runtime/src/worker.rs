@@ -24,6 +24,7 @@ use tokio::task::JoinSet;
 
 use crate::lease::{LeasePolicy, process_identity};
 use crate::rate::SharedRateLimit;
+use crate::step_loop::now_millis;
 use crate::{RunObserver, RuntimeError, is_retryable};
 
 /// What a claimed task runs with, rebuilt from its stored record.
@@ -576,13 +577,6 @@ pub fn failure_text(outcome: Option<&Value>) -> String {
         Some(message) => format!("{reason}: {message}"),
         None => reason.to_owned(),
     }
-}
-
-fn now_millis() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
