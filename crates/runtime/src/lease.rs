@@ -89,15 +89,24 @@ impl HeldLease {
         })
     }
 
-    /// Keeps renewing a lease this process already holds (a worker's claim took it).
-    pub(crate) fn adopt(store: Arc<dyn Store>, task: &str, token: &str, ttl: Duration) -> Self {
+    /// Keeps renewing a lease this process took at `taken` (a worker's claim), on a schedule
+    /// counted from that moment: whatever the worker does before the task runs (opening its
+    /// world, reading its record) does not eat into the lease's life.
+    pub(crate) fn adopt(
+        store: Arc<dyn Store>,
+        task: &str,
+        token: &str,
+        ttl: Duration,
+        taken: tokio::time::Instant,
+    ) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
-        let heartbeat = tokio::spawn(renew(
+        let heartbeat = tokio::spawn(renew_from(
             store.clone(),
             task.to_owned(),
             token.to_owned(),
             ttl,
             lost.clone(),
+            taken,
         ));
         Self {
             store,
@@ -138,9 +147,10 @@ impl Drop for HeldLease {
     }
 }
 
-/// Renews every third of the time to live; a renewal refused (someone else holds the lease)
-/// marks the lease lost. A failed renewal (database briefly unreachable) is retried until the
-/// lease would have expired, and then counts as lost too.
+/// Renews every third of the time to live, counted from when the lease was taken; a renewal
+/// refused (someone else holds the lease) marks the lease lost. A failed renewal (database
+/// briefly unreachable) is retried until the lease would have expired, and then counts as lost
+/// too. Renewals keep to their schedule: a slow one does not push the next one back.
 async fn renew(
     store: Arc<dyn Store>,
     task: String,
@@ -148,13 +158,27 @@ async fn renew(
     ttl: Duration,
     lost: Arc<AtomicBool>,
 ) {
+    renew_from(store, task, token, ttl, lost, tokio::time::Instant::now()).await;
+}
+
+async fn renew_from(
+    store: Arc<dyn Store>,
+    task: String,
+    token: String,
+    ttl: Duration,
+    lost: Arc<AtomicBool>,
+    taken: tokio::time::Instant,
+) {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let every = (ttl / 3).max(Duration::from_millis(50));
-    let mut last_renewed = tokio::time::Instant::now();
+    let mut schedule = tokio::time::interval_at(taken + every, every);
+    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_renewed = taken;
     loop {
-        tokio::time::sleep(every).await;
+        schedule.tick().await;
+        let asked = tokio::time::Instant::now();
         match store.renew_lease(&task, &token, ttl_ms).await {
-            Ok(()) => last_renewed = tokio::time::Instant::now(),
+            Ok(()) => last_renewed = asked,
             Err(StoreError::LeaseLost { .. }) => {
                 lost.store(true, Ordering::SeqCst);
                 return;

@@ -274,16 +274,15 @@ impl<'a> Runner<'a> {
         result
     }
 
-    /// Runs a task whose lease a worker's claim already took (`token`), renewing it while it
-    /// runs; `retry` continues a failed task with a fresh retry budget. The lease stays held
-    /// when this returns, for the worker to settle the claim.
-    pub async fn run_claimed(
+    /// Runs a task whose lease a worker's claim already took and whose heartbeat the worker
+    /// started at the claim; `retry` continues a failed task with a fresh retry budget. The
+    /// lease stays held when this returns, for the worker to settle the claim.
+    pub(crate) async fn run_claimed(
         &mut self,
         task_id: &str,
-        token: &str,
+        lease: HeldLease,
         retry: bool,
     ) -> Result<RunOutcome, RuntimeError> {
-        let lease = HeldLease::adopt(self.store.clone(), task_id, token, self.lease_policy.ttl);
         self.lease = Some(lease);
         let result = if retry {
             self.retry_held(task_id).await

@@ -22,7 +22,7 @@ use skillstate_tools::{DEFAULT_CALL_LIMIT, Environment};
 use tokio::sync::{Mutex, mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::lease::{LeasePolicy, process_identity};
+use crate::lease::{HeldLease, LeasePolicy, process_identity};
 use crate::rate::SharedRateLimit;
 use crate::step_loop::now_millis;
 use crate::{RunObserver, RuntimeError, is_retryable};
@@ -219,12 +219,21 @@ pub async fn run_worker(
                 ),
                 process: process_identity(),
             };
+            let taken = tokio::time::Instant::now();
             let Some(claimed) = store
                 .claim_task(&claim, ttl_ms, options.batch.as_deref())
                 .await?
             else {
                 break;
             };
+            // The heartbeat starts now, not when the task's world is ready.
+            let lease = HeldLease::adopt(
+                store.clone(),
+                &claimed.task_id,
+                &claimed.lease.token,
+                options.lease.ttl,
+                taken,
+            );
             claimed_any = true;
             stats.claimed += 1;
             emit(
@@ -242,6 +251,7 @@ pub async fn run_worker(
                 drain.clone(),
                 events.clone(),
                 claimed,
+                lease,
             ));
         }
         if running.is_empty() && level >= StopLevel::Drain {
@@ -354,6 +364,7 @@ async fn run_one(
     drain: Arc<AtomicBool>,
     events: Events,
     claimed: Claimed,
+    lease: HeldLease,
 ) -> Result<Outcome, RuntimeError> {
     let id = claimed.task_id.clone();
     let token = claimed.lease.token.clone();
@@ -375,7 +386,7 @@ async fn run_one(
         &drain,
         &events,
         &task,
-        &token,
+        lease,
         batch.as_ref(),
     )
     .await
@@ -524,7 +535,7 @@ async fn run_hosted(
     drain: &Arc<AtomicBool>,
     events: &Events,
     task: &TaskRecord,
-    token: &str,
+    lease: HeldLease,
     batch: Option<&BatchRecord>,
 ) -> RunEnd {
     let mut hosted = match host.open(task).await {
@@ -552,7 +563,7 @@ async fn run_hosted(
                 .with_secrets(&options.secrets)
                 .with_tool_limit(options.tool_limit)
                 .with_stop(drain.clone());
-        runner.run_claimed(&task.id, token, retry).await
+        runner.run_claimed(&task.id, lease, retry).await
     };
     host.close(hosted).await;
     match outcome {

@@ -256,9 +256,10 @@ async fn the_heartbeat_keeps_a_task_whose_steps_outlast_the_lease() {
     let (store, ledger) = setup(dir.path()).await;
     let batch = submit(store.as_ref(), 2, &ledger).await;
     // Each answer takes longer than the lease's whole time to live; two workers compete. (The
-    // lease is renewed every third of its life: three chances per life, even on a busy machine.)
-    let ttl = Duration::from_millis(1200);
-    let slow = Duration::from_millis(1500);
+    // lease is renewed every third of its life, counted from the claim: three chances per life,
+    // even on a busy machine.)
+    let ttl = Duration::from_millis(1500);
+    let slow = Duration::from_millis(1800);
     let a = work(store.clone(), options(&batch, 2, ttl), slow);
     let b = work(store.clone(), options(&batch, 2, ttl), slow);
     let ((stats_a, events_a), (stats_b, events_b)) = tokio::join!(a, b);
