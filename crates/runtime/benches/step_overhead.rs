@@ -114,6 +114,7 @@ fn bench(c: &mut Criterion) {
                             errors: None,
                             state_hash: Some(accepted.state_hash.clone()),
                             prompt_tokens: 1100,
+                            output_tokens: Some(7),
                             prompt_hash: "0".repeat(64),
                             usage: None,
                             latency_ms: 0,
@@ -127,6 +128,7 @@ fn bench(c: &mut Criterion) {
                             side_effect: "effectful".into(),
                         }),
                         status: None,
+                        previous_result: None,
                     };
                     runtime
                         .block_on(store.commit_step(&task.id, version, &commit))

@@ -149,6 +149,9 @@ pub struct Runner<'a> {
     stop: Option<Arc<AtomicBool>>,
     /// The observation the last recorded action result opened `(task, step, text)`, as stored.
     next_observation: Option<(String, u64, String)>,
+    /// A read-only or idempotent tool's result not written yet: it goes into the next step's
+    /// commit, or is written on its own when the run stops first.
+    held_result: Option<(String, ActionResult)>,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -194,6 +197,7 @@ impl<'a> Runner<'a> {
             tool_limit: DEFAULT_CALL_LIMIT,
             stop: None,
             next_observation: None,
+            held_result: None,
             model,
         }
     }
@@ -358,8 +362,34 @@ impl<'a> Runner<'a> {
         })
     }
 
-    /// Steps until the task stops running.
+    /// Steps until the task stops running; a result still held back is written before this
+    /// returns (unless the lease was lost: the task's next runner settles that intent).
     async fn drive(
+        &mut self,
+        task: &TaskRecord,
+        frame: &TaskFrame,
+        env_tools: &[Arc<dyn Tool>],
+        turns: &mut Vec<Turn>,
+        earlier: Attempts,
+    ) -> Result<(), RuntimeError> {
+        let driven = self.drive_steps(task, frame, env_tools, turns, earlier).await;
+        if self.check_lease().is_err() {
+            self.held_result = None;
+            return driven;
+        }
+        let written = self.write_held_result().await;
+        driven.and(written)
+    }
+
+    /// Writes the action result held back for the next commit, if any.
+    async fn write_held_result(&mut self) -> Result<(), RuntimeError> {
+        if let Some((task, result)) = self.held_result.take() {
+            self.store.record_action_result(&task, &result).await?;
+        }
+        Ok(())
+    }
+
+    async fn drive_steps(
         &mut self,
         task: &TaskRecord,
         frame: &TaskFrame,
@@ -411,11 +441,12 @@ impl<'a> Runner<'a> {
     }
 
     async fn finish(
-        &self,
+        &mut self,
         task: &str,
         status: TaskStatus,
         mut outcome: Value,
     ) -> Result<(), RuntimeError> {
+        self.write_held_result().await?;
         self.secrets.redact_json(&mut outcome);
         self.store.set_status(task, status, Some(&outcome)).await?;
         Ok(())
@@ -498,6 +529,7 @@ impl<'a> Runner<'a> {
 
             self.observer
                 .attempt(step, attempt, prompt_tokens, verdict.as_ref());
+            let output_tokens = Some(count_tokens(&answer_text) as u64);
             let mut entry = JournalEntry {
                 step,
                 attempt,
@@ -508,6 +540,7 @@ impl<'a> Runner<'a> {
                 errors: None,
                 state_hash: None,
                 prompt_tokens: prompt_tokens as u64,
+                output_tokens,
                 prompt_hash: text_hash(&text),
                 usage: response.usage.and_then(|u| serde_json::to_value(u).ok()),
                 latency_ms,
@@ -634,6 +667,11 @@ impl<'a> Runner<'a> {
             new_state: accepted.new_state.clone(),
             intent,
             status: status.clone(),
+            previous_result: self
+                .held_result
+                .take()
+                .filter(|(of, _)| of == task)
+                .map(|(_, result)| result),
         };
         self.check_lease()?;
         self.store.commit_step(task, *version, &commit).await?;
@@ -649,7 +687,17 @@ impl<'a> Runner<'a> {
             let output = self.execute(task, step, name, args, env_tools).await;
             failpoint("after_tool");
             result = Some(output.text.clone());
-            self.record_result(task, step, output).await?;
+            // Running a read-only or idempotent tool again is harmless, so its result may wait
+            // for the next commit; anything else is durable before the next model call.
+            let repeatable = find_tool(env_tools, name).is_some_and(|t| {
+                matches!(t.spec().side_effect.as_str(), "read_only" | "idempotent")
+            });
+            let action_result = self.action_result(task, step, output);
+            if repeatable {
+                self.held_result = Some((task.to_owned(), action_result));
+            } else {
+                self.store.record_action_result(task, &action_result).await?;
+            }
         }
         Ok((StepEnd::Continue, result))
     }
@@ -680,12 +728,21 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// Records a finished action's result now.
     pub(crate) async fn record_result(
         &mut self,
         task: &str,
         step: u64,
         output: ToolOutput,
     ) -> Result<(), RuntimeError> {
+        let result = self.action_result(task, step, output);
+        self.store.record_action_result(task, &result).await?;
+        Ok(())
+    }
+
+    /// A finished action's result, redacted, with the observation the next step starts from
+    /// (which this runner also keeps for that step).
+    fn action_result(&mut self, task: &str, step: u64, output: ToolOutput) -> ActionResult {
         let output = ToolOutput {
             text: self.secrets.redact(&output.text).into_owned(),
             ok: output.ok,
@@ -695,20 +752,14 @@ impl<'a> Runner<'a> {
             Some(event) => format!("{}\n{}", output.text, self.secrets.redact(&event)),
             None => output.text.clone(),
         };
-        self.store
-            .record_action_result(
-                task,
-                &ActionResult {
-                    step,
-                    ok: output.ok,
-                    result: output.text,
-                    next_observation: next_observation.clone(),
-                    env_checkpoint: Some(self.env.checkpoint()),
-                },
-            )
-            .await?;
-        self.next_observation = Some((task.to_owned(), step + 1, next_observation));
-        Ok(())
+        self.next_observation = Some((task.to_owned(), step + 1, next_observation.clone()));
+        ActionResult {
+            step,
+            ok: output.ok,
+            result: output.text,
+            next_observation,
+            env_checkpoint: Some(self.env.checkpoint()),
+        }
     }
 }
 

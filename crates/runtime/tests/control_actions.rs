@@ -264,6 +264,7 @@ async fn crash_after_commit(
             errors: None,
             state_hash: Some(skillstate_core::json::state_hash(&json!({"notes": []}))),
             prompt_tokens: 1,
+            output_tokens: Some(7),
             prompt_hash: "x".into(),
             usage: None,
             latency_ms: 0,
@@ -277,6 +278,7 @@ async fn crash_after_commit(
             side_effect: side_effect.as_str().into(),
         }),
         status: None,
+        previous_result: None,
     };
     store.commit_step(&task.id, 0, &commit).await.unwrap();
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);

@@ -90,6 +90,7 @@ fn commit_for(task: &str, step: u64, stored: &Value, shipped: &Value) -> StepCom
             errors: None,
             state_hash: Some(state_hash(new_state)),
             prompt_tokens: 1100,
+            output_tokens: Some(7),
             prompt_hash: "0".repeat(64),
             usage: Some(json!({"input_tokens": 1100, "output_tokens": 60})),
             latency_ms: 900,
@@ -103,6 +104,7 @@ fn commit_for(task: &str, step: u64, stored: &Value, shipped: &Value) -> StepCom
             side_effect: "effectful".into(),
         }),
         status: None,
+        previous_result: None,
     }
 }
 

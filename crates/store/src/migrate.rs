@@ -27,6 +27,11 @@ pub const SQLITE: &[Migration] = &[
         name: "queue",
         sql: include_str!("../migrations/sqlite/0003_queue.sql"),
     },
+    Migration {
+        version: 4,
+        name: "output_tokens",
+        sql: include_str!("../migrations/sqlite/0004_output_tokens.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -44,6 +49,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 3,
         name: "queue",
         sql: include_str!("../migrations/postgres/0003_queue.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "output_tokens",
+        sql: include_str!("../migrations/postgres/0004_output_tokens.sql"),
     },
 ];
 

@@ -110,6 +110,9 @@ pub struct JournalEntry {
     pub errors: Option<Value>,
     pub state_hash: Option<String>,
     pub prompt_tokens: u64,
+    /// The answer's length in o200k_base tokens, counted when it was written; `None` on rows
+    /// from before the count was stored.
+    pub output_tokens: Option<u64>,
     pub prompt_hash: String,
     pub usage: Option<Value>,
     pub latency_ms: u64,
@@ -145,6 +148,11 @@ pub struct StepCommit {
     pub intent: Option<NewIntent>,
     /// Set when the step ends the task (finish) or pauses it (ask_user).
     pub status: Option<(TaskStatus, Option<Value>)>,
+    /// The previous step's action result, written first in the same transaction. A runner
+    /// may hold back the result of a read-only or idempotent tool until its next commit (a
+    /// crash in between leaves that intent pending, and resuming runs such a tool again), so
+    /// a step costs one durable write instead of two.
+    pub previous_result: Option<ActionResult>,
 }
 
 /// What a finished tool call writes, in one transaction.

@@ -91,6 +91,9 @@ where
         errors: decode_opt(&what("errors"), row.try_get("errors")?)?,
         state_hash: row.try_get("state_hash")?,
         prompt_tokens: row.try_get::<i64, _>("prompt_tokens")? as u64,
+        output_tokens: row
+            .try_get::<Option<i64>, _>("output_tokens")?
+            .and_then(|n| u64::try_from(n).ok()),
         prompt_hash: row.try_get("prompt_hash")?,
         usage: decode_opt(&what("usage"), row.try_get("usage")?)?,
         latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,

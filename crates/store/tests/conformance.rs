@@ -266,6 +266,7 @@ fn accepted(step: u64, patch: &Value, hash: &str) -> JournalEntry {
         errors: None,
         state_hash: Some(hash.to_owned()),
         prompt_tokens: 1,
+        output_tokens: Some(7),
         prompt_hash: "x".into(),
         usage: None,
         latency_ms: 0,
@@ -284,6 +285,7 @@ fn rejected(step: u64, attempt: u32) -> JournalEntry {
         errors: Some(json!([{"kind": "parse", "message": "expected a JSON object"}])),
         state_hash: None,
         prompt_tokens: 20,
+        output_tokens: None,
         prompt_hash: "p".into(),
         usage: Some(json!({"input_tokens": 20, "output_tokens": 5})),
         latency_ms: 12,
@@ -307,6 +309,7 @@ fn step_commit(step: u64, state: &Value, patch: Value, with_intent: bool) -> Ste
             side_effect: "effectful".into(),
         }),
         status: None,
+        previous_result: None,
     }
 }
 
@@ -571,6 +574,59 @@ async fn a_step_commits_journal_state_and_intent_and_its_result_the_next_observa
     .await
 }
 
+/// A step commit may carry the previous step's action result: both land in one transaction,
+/// and a commit refused for its version writes neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_result_lands_with_the_next_step_or_not_at_all() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({});
+        let task = store.create_task(new_task(), &initial).await?;
+        let first = step_commit(1, &initial, json!({"a": 1}), true);
+        store.commit_step(&task.id, 0, &first).await?;
+
+        // Stale version: the step is refused, and the result it carried is not written.
+        let mut stale = step_commit(2, &first.new_state, json!({"b": 2}), true);
+        stale.previous_result = Some(action_result(1));
+        match store.commit_step(&task.id, 0, &stale).await {
+            Err(StoreError::Conflict { .. }) => {}
+            other => bail!("expected Conflict, got {other:?}"),
+        }
+        assert!(!store.intents(&task.id).await?[0].done);
+        assert_eq!(store.observation(&task.id, 2).await?, None);
+        assert_eq!(store.journal(&task.id).await?.len(), 1);
+
+        // A result for a step with no pending intent is refused, and the step with it.
+        let mut orphan = step_commit(2, &first.new_state, json!({"b": 2}), true);
+        orphan.previous_result = Some(action_result(7));
+        match store.commit_step(&task.id, 1, &orphan).await {
+            Err(StoreError::Corrupt { step: 7, .. }) => {}
+            other => bail!("expected Corrupt at step 7, got {other:?}"),
+        }
+        assert_eq!(store.task(&task.id).await?.version, 1);
+        assert_eq!(store.journal(&task.id).await?.len(), 1);
+
+        // The right version: result and step land together.
+        let mut second = step_commit(2, &first.new_state, json!({"b": 2}), true);
+        second.previous_result = Some(action_result(1));
+        store.commit_step(&task.id, 1, &second).await?;
+        let intents = store.intents(&task.id).await?;
+        assert_eq!(intents.len(), 2);
+        assert!(intents[0].done && !intents[1].done);
+        assert_eq!(intents[0].result.as_deref(), Some("result of step 1"));
+        assert_eq!(
+            store.observation(&task.id, 2).await?.as_deref(),
+            Some("observation 2")
+        );
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.version, 2);
+        assert_eq!(stored.state, second.new_state);
+        assert_eq!(stored.env_checkpoint, Some(json!({"tick": 1})));
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_are_journaled_and_leave_the_state_untouched() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
@@ -813,6 +869,7 @@ async fn rebuild_every_step(db: &Db, patches: Vec<Value>, every: u64) -> Result<
             new_state: next.clone(),
             intent: None,
             status: None,
+            previous_result: None,
         };
         store
             .commit_step(&task.id, step - 1, &commit)
@@ -1231,11 +1288,11 @@ async fn concurrent_and_repeated_opens_apply_each_migration_once() -> anyhow::Re
             stores.push(open.await??);
         }
         let again = db.open().await?;
-        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 3);
+        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 4);
         assert_eq!(
             db.count("SELECT MAX(version) FROM schema_migrations")
                 .await?,
-            3
+            4
         );
 
         let task = stores[0].create_task(new_task(), &json!({"x": 1})).await?;
@@ -1257,7 +1314,7 @@ async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
         match db.open().await {
             Err(StoreError::SchemaTooNew {
                 found: 999,
-                supported: 3,
+                supported: 4,
             }) => {}
             Err(other) => bail!("expected SchemaTooNew, got {other}"),
             Ok(_) => bail!("a newer schema was accepted"),

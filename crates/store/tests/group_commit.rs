@@ -64,6 +64,7 @@ fn commit(task: &str, step: u64) -> StepCommit {
             errors: None,
             state_hash: Some(state_hash(&new_state)),
             prompt_tokens: 10,
+            output_tokens: Some(7),
             prompt_hash: "p".into(),
             usage: None,
             latency_ms: 1,
@@ -77,6 +78,7 @@ fn commit(task: &str, step: u64) -> StepCommit {
             side_effect: "effectful".into(),
         }),
         status: None,
+        previous_result: None,
     }
 }
 

@@ -229,7 +229,7 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         table.row(vec![
             step.to_string(),
             shown.prompt_tokens.to_string(),
-            count_tokens(&shown.output).to_string(),
+            output_tokens(shown).to_string(),
             usage_cell(shown.usage.as_ref()),
             shown.latency_ms.to_string(),
             action,
@@ -272,6 +272,14 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
     })
 }
 
+/// The answer's output tokens as written with it; rows from before the count was stored are
+/// counted now.
+fn output_tokens(entry: &JournalEntry) -> u64 {
+    entry
+        .output_tokens
+        .unwrap_or_else(|| count_tokens(&entry.output) as u64)
+}
+
 fn usage_cell(usage: Option<&Value>) -> String {
     match usage {
         Some(u) => format!(
@@ -300,7 +308,7 @@ fn token_summary(journal: &[JournalEntry], model: &str, config: &Config) -> Stri
         .fold(0u64, u64::saturating_add);
     let output = journal
         .iter()
-        .map(|e| count_tokens(&e.output) as u64)
+        .map(output_tokens)
         .fold(0u64, u64::saturating_add);
     let mut text = format!("local {prompt} prompt + {output} output (o200k_base)");
     let reported: Vec<Usage> = journal

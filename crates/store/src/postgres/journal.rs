@@ -19,7 +19,7 @@ async fn insert_entry(
     entry: &JournalEntry,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     )
     .bind(task)
     .bind(entry.step as i64)
@@ -31,11 +31,55 @@ async fn insert_entry(
     .bind(entry.errors.as_ref().map(to_json))
     .bind(&entry.state_hash)
     .bind(entry.prompt_tokens as i64)
+    .bind(entry.output_tokens.and_then(|n| i64::try_from(n).ok()))
     .bind(&entry.prompt_hash)
     .bind(entry.usage.as_ref().map(to_json))
     .bind(entry.latency_ms as i64)
     .bind(entry.created_at)
     .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks the step's pending intent done with its result and records the observation the next
+/// step starts from. Errors (the transaction is dropped, so rolled back) when no intent is
+/// pending.
+async fn complete_intent(
+    conn: &mut sqlx::PgConnection,
+    task: &str,
+    result: &ActionResult,
+    now: i64,
+) -> Result<()> {
+    let updated = sqlx::query(
+        "UPDATE intents SET status = 'done', ok = $1, result = $2, finished_at = $3 WHERE task_id = $4 AND step = $5 AND status = 'pending'",
+    )
+    .bind(result.ok)
+    .bind(&result.result)
+    .bind(now)
+    .bind(task)
+    .bind(result.step as i64)
+    .execute(&mut *conn)
+    .await?;
+    if updated.rows_affected() != 1 {
+        return Err(StoreError::Corrupt {
+            task: task.to_owned(),
+            step: result.step,
+            message: "no pending action intent to complete".into(),
+        });
+    }
+    sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3)")
+        .bind(task)
+        .bind((result.step + 1) as i64)
+        .bind(&result.next_observation)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "UPDATE tasks SET env_checkpoint = COALESCE($1, env_checkpoint), updated_at = $2 WHERE id = $3",
+    )
+    .bind(result.env_checkpoint.as_ref().map(to_json))
+    .bind(now)
+    .bind(task)
+    .execute(&mut *conn)
     .await?;
     Ok(())
 }
@@ -67,6 +111,9 @@ impl Journal for PostgresStore {
             None => (None, None),
         };
         let mut tx = self.pool.begin().await?;
+        if let Some(previous) = &commit.previous_result {
+            complete_intent(&mut tx, task, previous, now).await?;
+        }
         // The version check and the write are one statement: a concurrent writer of the same
         // task holds the row lock until it commits, and this UPDATE then sees its version.
         let updated = sqlx::query(
@@ -121,40 +168,8 @@ impl Journal for PostgresStore {
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
-        let now = now_millis();
         let mut tx = self.pool.begin().await?;
-        let updated = sqlx::query(
-            "UPDATE intents SET status = 'done', ok = $1, result = $2, finished_at = $3 WHERE task_id = $4 AND step = $5 AND status = 'pending'",
-        )
-        .bind(result.ok)
-        .bind(&result.result)
-        .bind(now)
-        .bind(task)
-        .bind(result.step as i64)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Err(StoreError::Corrupt {
-                task: task.to_owned(),
-                step: result.step,
-                message: "no pending action intent to complete".into(),
-            });
-        }
-        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3)")
-            .bind(task)
-            .bind((result.step + 1) as i64)
-            .bind(&result.next_observation)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE tasks SET env_checkpoint = COALESCE($1, env_checkpoint), updated_at = $2 WHERE id = $3",
-        )
-        .bind(result.env_checkpoint.as_ref().map(to_json))
-        .bind(now)
-        .bind(task)
-        .execute(&mut *tx)
-        .await?;
+        complete_intent(&mut tx, task, result, now_millis()).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -40,13 +40,8 @@ impl Journal for SqliteStore {
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
-        self.write_done(Write::ActionDone(ActionDone {
-            task: task.to_owned(),
-            result: result.clone(),
-            env_checkpoint: result.env_checkpoint.as_ref().map(to_json),
-            now: now_millis(),
-        }))
-        .await
+        self.write_done(Write::ActionDone(ActionDone::new(task, result, now_millis())))
+            .await
     }
 
     async fn set_status(

@@ -20,6 +20,7 @@ pub(super) struct EntryRow {
     errors: Option<String>,
     state_hash: Option<String>,
     prompt_tokens: i64,
+    output_tokens: Option<i64>,
     prompt_hash: String,
     usage: Option<String>,
     latency_ms: i64,
@@ -38,6 +39,7 @@ impl EntryRow {
             errors: entry.errors.as_ref().map(to_json),
             state_hash: entry.state_hash.clone(),
             prompt_tokens: entry.prompt_tokens as i64,
+            output_tokens: entry.output_tokens.and_then(|n| i64::try_from(n).ok()),
             prompt_hash: entry.prompt_hash.clone(),
             usage: entry.usage.as_ref().map(to_json),
             latency_ms: entry.latency_ms as i64,
@@ -47,8 +49,8 @@ impl EntryRow {
 
     fn insert(&self, conn: &Connection, task: &str) -> rusqlite::Result<()> {
         conn.prepare_cached(
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )?
         .execute(params![
             task,
@@ -61,6 +63,7 @@ impl EntryRow {
             self.errors,
             self.state_hash,
             self.prompt_tokens,
+            self.output_tokens,
             self.prompt_hash,
             self.usage,
             self.latency_ms,
@@ -83,6 +86,8 @@ pub(super) struct Step {
     entry: EntryRow,
     /// Tool, arguments, idempotency key, side effect.
     intent: Option<(String, String, String, String)>,
+    /// The previous step's action result, written first.
+    previous: Option<ActionDone>,
     now: i64,
 }
 
@@ -116,11 +121,18 @@ impl Step {
                     intent.side_effect.clone(),
                 )
             }),
+            previous: commit
+                .previous_result
+                .as_ref()
+                .map(|result| ActionDone::new(task, result, now)),
             now,
         }
     }
 
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        if let Some(previous) = &self.previous {
+            previous.run(conn)?;
+        }
         let next = (self.expected_version + 1) as i64;
         // The version check and the state write are one statement.
         let updated = conn
@@ -193,6 +205,15 @@ pub(super) struct ActionDone {
 }
 
 impl ActionDone {
+    pub(super) fn new(task: &str, result: &ActionResult, now: i64) -> Self {
+        Self {
+            task: task.to_owned(),
+            result: result.clone(),
+            env_checkpoint: result.env_checkpoint.as_ref().map(to_json),
+            now,
+        }
+    }
+
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
         let result = &self.result;
         let completed = conn

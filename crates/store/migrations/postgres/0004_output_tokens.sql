@@ -1,0 +1,3 @@
+-- Each answer's output tokens, counted when it was written, so listing a journal never builds
+-- a tokenizer. NULL on rows written before this column existed (counted on demand).
+ALTER TABLE journal ADD COLUMN output_tokens BIGINT;
