@@ -16,6 +16,7 @@ mod postgres;
 mod queue;
 mod queue_rows;
 mod rows;
+mod service;
 mod sqlite;
 pub mod time;
 mod traits;
@@ -27,6 +28,7 @@ pub use history::state_at;
 pub use model::*;
 pub use postgres::PostgresStore;
 pub use queue::*;
+pub use service::*;
 pub use sqlite::{SqliteStore, Synchronous};
 pub use traits::{Journal, Leases, StorageStats, Store, Tasks};
 
