@@ -25,5 +25,6 @@ pub use skill::{Skill, SkillDefinition, SkillErrors, SkillProblem};
 pub use tokens::count_tokens;
 pub use tool::{SideEffect, ToolCatalog, ToolSpec};
 pub use validate::{
-    AcceptedStep, Action, RejectedStep, Rejection, RejectionKind, StepRules, validate_step,
+    AcceptedPatch, AcceptedStep, Action, RejectedStep, Rejection, RejectionKind, StepRules,
+    validate_patch, validate_step,
 };

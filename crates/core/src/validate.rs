@@ -231,10 +231,65 @@ pub fn validate_step(
     }
 }
 
+/// A state patch written by someone other than the model (an API client, an operator) that
+/// passed the same checks a model's `state_patch` must pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedPatch {
+    pub patch: StatePatch,
+    pub new_state: Value,
+    pub state_hash: String,
+}
+
+/// Runs the state half of the pipeline — patch shape, application, read-only locations,
+/// schema, state budget — on a patch given directly (an RFC 7396 merge patch object or an RFC
+/// 6902 operation array). Pointers in rejections point into the patch itself (`/0/path`) or
+/// into the new state, exactly as for a model's answer minus the `/state_patch` prefix.
+pub fn validate_patch(
+    schema: &StateSchema,
+    state_token_budget: usize,
+    state: &Value,
+    patch: &Value,
+) -> Result<AcceptedPatch, Vec<Rejection>> {
+    let mut rejections = Vec::new();
+    match check_patch_with(
+        schema,
+        state_token_budget,
+        state,
+        patch,
+        "",
+        &mut rejections,
+    ) {
+        Some((patch, new_state, _)) if rejections.is_empty() => Ok(AcceptedPatch {
+            patch,
+            state_hash: state_hash(&new_state),
+            new_state,
+        }),
+        _ => Err(rejections),
+    }
+}
+
 fn check_patch(
     rules: &StepRules<'_>,
     state: &Value,
     raw_patch: &Value,
+    rejections: &mut Vec<Rejection>,
+) -> Option<(StatePatch, Value, Option<usize>)> {
+    check_patch_with(
+        rules.schema,
+        rules.state_token_budget,
+        state,
+        raw_patch,
+        "/state_patch",
+        rejections,
+    )
+}
+
+fn check_patch_with(
+    schema: &StateSchema,
+    state_token_budget: usize,
+    state: &Value,
+    raw_patch: &Value,
+    prefix: &str,
     rejections: &mut Vec<Rejection>,
 ) -> Option<(StatePatch, Value, Option<usize>)> {
     let patch = match StatePatch::from_value(raw_patch) {
@@ -243,7 +298,7 @@ fn check_patch(
             rejections.push(Rejection {
                 kind: RejectionKind::PatchShape,
                 document: Document::Output,
-                pointer: format!("/state_patch{}", problem.pointer),
+                pointer: format!("{prefix}{}", problem.pointer),
                 message: problem.message,
             });
             return None;
@@ -263,7 +318,7 @@ fn check_patch(
         }
     };
 
-    let read_only_hits = rules.schema.changed_read_only_locations(state, &new_state);
+    let read_only_hits = schema.changed_read_only_locations(state, &new_state);
     if !read_only_hits.is_empty() {
         for pointer in read_only_hits {
             rejections.push(Rejection {
@@ -278,7 +333,7 @@ fn check_patch(
         return None;
     }
 
-    let violations = rules.schema.violations(&new_state);
+    let violations = schema.violations(&new_state);
     if !violations.is_empty() {
         for v in violations {
             rejections.push(Rejection {
@@ -294,15 +349,15 @@ fn check_patch(
     // A token is at least one byte: a state whose compact JSON fits the budget in bytes is
     // not counted (counting the whole state at every step dominated validation).
     let compact = serde_json::to_string(&new_state).unwrap_or_default();
-    let state_tokens = (compact.len() > rules.state_token_budget).then(|| count_tokens(&compact));
-    if let Some(state_tokens) = state_tokens.filter(|t| *t > rules.state_token_budget) {
+    let state_tokens = (compact.len() > state_token_budget).then(|| count_tokens(&compact));
+    if let Some(state_tokens) = state_tokens.filter(|t| *t > state_token_budget) {
         rejections.push(Rejection {
             kind: RejectionKind::StateBudget,
             document: Document::State,
             pointer: String::new(),
             message: format!(
                 "the new state would be {state_tokens} tokens, over the budget of {}; keep only what the procedure needs (null deletes a key)",
-                rules.state_token_budget
+                state_token_budget
             ),
         });
         return None;

@@ -302,3 +302,58 @@ proptest! {
         let _ = validate_step(&rules, &state(), &text);
     }
 }
+
+/// A patch given directly (the service's state writes) passes the same checks as a model's
+/// `state_patch`: same verdicts, same pointers without the `/state_patch` prefix.
+#[test]
+fn a_direct_patch_gets_the_same_verdicts_as_a_models_patch() {
+    let skill = skill();
+    let catalog = catalog();
+    let rules = StepRules {
+        schema: &skill.schema,
+        catalog: &catalog,
+        state_token_budget: 2000,
+    };
+    let cases = [
+        json!({"inventory": {"shelf_3": "item_3"}}),
+        json!({"shelf_count": 7}),
+        json!({"inventory": {"shelf_1": 5}}),
+        json!([{"op": "remove", "path": "/inventory/shelf_9"}]),
+        json!([{"op": "jump", "path": "/x"}]),
+        json!([{"op": "add", "path": "/inventory/shelf_4", "value": "item_4"}]),
+        json!("not a patch"),
+    ];
+    let (mut accepted, mut rejected) = (0, 0);
+    for patch in cases {
+        let model = validate_step(&rules, &state(), &answer(patch.clone(), ship()));
+        let direct = skillstate_core::validate_patch(&skill.schema, 2000, &state(), &patch);
+        match (model, direct) {
+            (Ok(model), Ok(direct)) => {
+                assert_eq!(direct.new_state, model.new_state, "{patch}");
+                assert_eq!(direct.state_hash, model.state_hash, "{patch}");
+                accepted += 1;
+            }
+            (Err(model), Err(direct)) => {
+                let expected: Vec<(RejectionKind, String)> = model
+                    .rejections
+                    .iter()
+                    .map(|r| {
+                        let pointer = r
+                            .pointer
+                            .strip_prefix("/state_patch")
+                            .unwrap_or(&r.pointer)
+                            .to_owned();
+                        (r.kind, pointer)
+                    })
+                    .collect();
+                let got: Vec<(RejectionKind, String)> =
+                    direct.iter().map(|r| (r.kind, r.pointer.clone())).collect();
+                assert_eq!(got, expected, "{patch}");
+                assert!(!got.is_empty());
+                rejected += 1;
+            }
+            (model, direct) => panic!("{patch}: model {model:?} vs direct {direct:?}"),
+        }
+    }
+    assert!(accepted >= 2 && rejected >= 4, "{accepted} accepted, {rejected} rejected");
+}
