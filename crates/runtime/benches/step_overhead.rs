@@ -119,6 +119,7 @@ fn bench(c: &mut Criterion) {
                             usage: None,
                             latency_ms: 0,
                             created_at: 0,
+                            author: None,
                         },
                         new_state: accepted.new_state.clone(),
                         intent: Some(NewIntent {

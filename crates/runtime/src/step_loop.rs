@@ -545,6 +545,7 @@ impl<'a> Runner<'a> {
                 usage: response.usage.and_then(|u| serde_json::to_value(u).ok()),
                 latency_ms,
                 created_at: now_millis(),
+                author: None,
             };
             match verdict {
                 Err(rejected) => {

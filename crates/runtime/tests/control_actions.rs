@@ -269,6 +269,7 @@ async fn crash_after_commit(
             usage: None,
             latency_ms: 0,
             created_at: 0,
+            author: None,
         },
         new_state: json!({"notes": []}),
         intent: Some(skillstate_store::NewIntent {

@@ -95,6 +95,7 @@ fn commit_for(task: &str, step: u64, stored: &Value, shipped: &Value) -> StepCom
             usage: Some(json!({"input_tokens": 1100, "output_tokens": 60})),
             latency_ms: 900,
             created_at: 0,
+            author: None,
         },
         new_state: new_state.clone(),
         intent: Some(NewIntent {

@@ -65,6 +65,26 @@ pub enum StoreError {
         "writing to {location} failed: {message}; nothing of this write was recorded — check the disk and the file's permissions, then resume the task"
     )]
     Write { location: String, message: String },
+    #[error("no API key matches `{0}`; list the keys to find its id")]
+    NoSuchKey(String),
+    #[error("`{prefix}` matches {count} API keys; give more characters of the key id")]
+    AmbiguousKey { prefix: String, count: usize },
+    #[error(
+        "an API key with the secret hash `{hash_prefix}…` is already stored (tenant {tenant}); generate a new secret and create the key again"
+    )]
+    DuplicateKey {
+        /// The first characters of the hash, never the whole of it.
+        hash_prefix: String,
+        tenant: String,
+    },
+    #[error(
+        "tenant {tenant}: the task created with idempotency key `{key}` was deleted again and again while this create looked for it; send the create again"
+    )]
+    IdempotencyRace { tenant: String, key: String },
+    #[error(
+        "`{0}` is not an event position of this store; pass back the `position` (the SSE `id`) of an event it returned, or none to read from the first event"
+    )]
+    BadEventPosition(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

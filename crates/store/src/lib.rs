@@ -17,6 +17,7 @@ mod queue;
 mod queue_rows;
 mod rows;
 mod service;
+mod service_rows;
 mod sqlite;
 pub mod time;
 mod traits;
@@ -37,6 +38,7 @@ pub use traits::{Journal, Leases, StorageStats, Store, Tasks};
 /// caller's own.
 pub mod prelude {
     pub use crate::queue::Queue as _;
+    pub use crate::service::{Events as _, Keys as _, Tenancy as _};
     pub use crate::traits::{Journal as _, Leases as _, Store, Tasks as _};
 }
 

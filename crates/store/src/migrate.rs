@@ -32,6 +32,11 @@ pub const SQLITE: &[Migration] = &[
         name: "output_tokens",
         sql: include_str!("../migrations/sqlite/0004_output_tokens.sql"),
     },
+    Migration {
+        version: 5,
+        name: "service",
+        sql: include_str!("../migrations/sqlite/0005_service.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -54,6 +59,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 4,
         name: "output_tokens",
         sql: include_str!("../migrations/postgres/0004_output_tokens.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "service",
+        sql: include_str!("../migrations/postgres/0005_service.sql"),
     },
 ];
 

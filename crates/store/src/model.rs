@@ -75,6 +75,9 @@ pub struct TaskRecord {
     pub parent: Option<(String, u64)>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The tenant that owns the task (`Tenancy`); `None` for tasks created outside the
+    /// service.
+    pub tenant: Option<String>,
 }
 
 /// One line of `skillstate tasks`. A row that cannot be read whole still lists: `status` is
@@ -117,6 +120,9 @@ pub struct JournalEntry {
     pub usage: Option<Value>,
     pub latency_ms: u64,
     pub created_at: i64,
+    /// Who wrote this step: `None` = the model; an API key id for state written through the
+    /// service.
+    pub author: Option<String>,
 }
 
 /// An action about to run; written in the same transaction as its step.

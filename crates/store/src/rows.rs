@@ -26,6 +26,19 @@ pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
+/// A nullable text column added by a later migration: `None` also when the column is not
+/// there, so read-only opens keep reading databases of older schema versions.
+pub(crate) fn later_text_column<R: Row>(row: &R, column: &str) -> Result<Option<String>>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    match row.try_get::<Option<String>, _>(column) {
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        other => Ok(other?),
+    }
+}
+
 pub(crate) fn task_from_row<R: Row>(row: &R) -> Result<TaskRecord>
 where
     for<'c> &'c str: ColumnIndex<R>,
@@ -57,6 +70,7 @@ where
         parent: parent_task.zip(parent_step.map(|s| s as u64)),
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        tenant: later_text_column(row, "tenant")?,
         id,
     })
 }
@@ -98,6 +112,7 @@ where
         usage: decode_opt(&what("usage"), row.try_get("usage")?)?,
         latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,
         created_at: row.try_get("created_at")?,
+        author: later_text_column(row, "author")?,
     })
 }
 

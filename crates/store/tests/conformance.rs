@@ -13,6 +13,9 @@ mod skip;
 #[path = "conformance/queue.rs"]
 mod queue;
 
+#[path = "conformance/service.rs"]
+mod service;
+
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Once};
@@ -271,6 +274,7 @@ fn accepted(step: u64, patch: &Value, hash: &str) -> JournalEntry {
         usage: None,
         latency_ms: 0,
         created_at: 0,
+        author: None,
     }
 }
 
@@ -290,6 +294,7 @@ fn rejected(step: u64, attempt: u32) -> JournalEntry {
         usage: Some(json!({"input_tokens": 20, "output_tokens": 5})),
         latency_ms: 12,
         created_at: 1_700_000_000_000,
+        author: None,
     }
 }
 
@@ -1288,11 +1293,11 @@ async fn concurrent_and_repeated_opens_apply_each_migration_once() -> anyhow::Re
             stores.push(open.await??);
         }
         let again = db.open().await?;
-        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 4);
+        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 5);
         assert_eq!(
             db.count("SELECT MAX(version) FROM schema_migrations")
                 .await?,
-            4
+            5
         );
 
         let task = stores[0].create_task(new_task(), &json!({"x": 1})).await?;
@@ -1314,7 +1319,7 @@ async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
         match db.open().await {
             Err(StoreError::SchemaTooNew {
                 found: 999,
-                supported: 4,
+                supported: 5,
             }) => {}
             Err(other) => bail!("expected SchemaTooNew, got {other}"),
             Ok(_) => bail!("a newer schema was accepted"),

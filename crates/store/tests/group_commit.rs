@@ -69,6 +69,7 @@ fn commit(task: &str, step: u64) -> StepCommit {
             usage: None,
             latency_ms: 1,
             created_at: 0,
+            author: None,
         },
         new_state,
         intent: Some(NewIntent {

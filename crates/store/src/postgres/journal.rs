@@ -1,5 +1,5 @@
-//! The step journal on PostgreSQL: accepted steps, rejections, tool results, and reading them
-//! back. Concurrent commits of many tasks share WAL flushes: PostgreSQL's WAL writer already
+//! The step journal on PostgreSQL: accepted steps, rejections, tool results and statuses,
+//! each with its events (`events.rs`) in the same transaction, and reading them back. Concurrent commits of many tasks share WAL flushes: PostgreSQL's WAL writer already
 //! groups the commits that wait at the same moment (group commit), so no batching is needed
 //! here.
 
@@ -9,9 +9,27 @@ use skillstate_core::json::state_hash;
 use sqlx::Row;
 
 use super::PostgresStore;
+use super::events::{NewEvent, insert_events};
 use crate::model::*;
 use crate::rows::{decode, entry_from_row, extent_from_row, to_json, verdict_str};
+use crate::service_rows::{OldStatus, action_data, rejected_data, status_data, step_data_of};
 use crate::{Journal, Result, StoreError, now_millis};
+
+/// The task's status and outcome, its row locked until the transaction ends; `None` when
+/// there is no such task.
+async fn lock_status(conn: &mut sqlx::PgConnection, task: &str) -> Result<Option<OldStatus>> {
+    let row = sqlx::query("SELECT status, outcome FROM tasks WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(task)
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| {
+        Ok(OldStatus {
+            status: row.try_get("status")?,
+            outcome: row.try_get("outcome")?,
+        })
+    })
+    .transpose()
+}
 
 async fn insert_entry(
     conn: &mut sqlx::PgConnection,
@@ -19,7 +37,7 @@ async fn insert_entry(
     entry: &JournalEntry,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(task)
     .bind(entry.step as i64)
@@ -36,6 +54,7 @@ async fn insert_entry(
     .bind(entry.usage.as_ref().map(to_json))
     .bind(entry.latency_ms as i64)
     .bind(entry.created_at)
+    .bind(&entry.author)
     .execute(conn)
     .await?;
     Ok(())
@@ -87,13 +106,17 @@ async fn complete_intent(
 #[async_trait]
 impl Journal for PostgresStore {
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
+        let now = now_millis();
+        let errors = entry.errors.as_ref().map(to_json);
+        let event = rejected_data(entry.step, entry.attempt, errors.as_deref());
         let mut tx = self.pool.begin().await?;
         insert_entry(&mut tx, task, entry).await?;
         sqlx::query("UPDATE tasks SET updated_at = $1 WHERE id = $2")
-            .bind(now_millis())
+            .bind(now)
             .bind(task)
             .execute(&mut *tx)
             .await?;
+        insert_events(&mut tx, task, vec![("rejected", None, event)], now).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -111,9 +134,23 @@ impl Journal for PostgresStore {
             None => (None, None),
         };
         let mut tx = self.pool.begin().await?;
+        // The events go in last, in one statement: the held-back result's, the step's, and
+        // the status change's.
+        let mut events: Vec<NewEvent> = Vec::with_capacity(3);
         if let Some(previous) = &commit.previous_result {
             complete_intent(&mut tx, task, previous, now).await?;
+            events.push((
+                "action",
+                Some(expected_version as i64),
+                action_data(previous),
+            ));
         }
+        // Only steps that finish or pause the task read (and lock) the status they change;
+        // the UPDATE below takes the same lock anyway.
+        let before = match commit.status {
+            Some(_) => lock_status(&mut tx, task).await?,
+            None => None,
+        };
         // The version check and the write are one statement: a concurrent writer of the same
         // task holds the row lock until it commits, and this UPDATE then sees its version.
         let updated = sqlx::query(
@@ -123,7 +160,7 @@ impl Journal for PostgresStore {
         .bind(next_version as i64)
         .bind(now)
         .bind(status)
-        .bind(outcome)
+        .bind(&outcome)
         .bind(task)
         .bind(expected_version as i64)
         .execute(&mut *tx)
@@ -163,13 +200,29 @@ impl Journal for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
+        let next = Some(next_version as i64);
+        events.push(("step", next, step_data_of(&commit.entry)));
+        if let (Some((new_status, _)), Some(before)) = (&commit.status, &before)
+            && let Some(data) = status_data(before, *new_status, outcome.as_deref())
+        {
+            events.push(("status", next, data));
+        }
+        insert_events(&mut tx, task, events, now).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
+        let now = now_millis();
         let mut tx = self.pool.begin().await?;
-        complete_intent(&mut tx, task, result, now_millis()).await?;
+        complete_intent(&mut tx, task, result, now).await?;
+        insert_events(
+            &mut tx,
+            task,
+            vec![("action", None, action_data(result))],
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -180,18 +233,26 @@ impl Journal for PostgresStore {
         status: TaskStatus,
         outcome: Option<&Value>,
     ) -> Result<()> {
-        let updated = sqlx::query(
+        let now = now_millis();
+        let outcome = outcome.map(to_json);
+        let mut tx = self.pool.begin().await?;
+        let Some(before) = lock_status(&mut tx, task).await? else {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound(task.to_owned()));
+        };
+        sqlx::query(
             "UPDATE tasks SET status = $1, outcome = COALESCE($2, outcome), updated_at = $3 WHERE id = $4",
         )
         .bind(status.as_str())
-        .bind(outcome.map(to_json))
-        .bind(now_millis())
+        .bind(&outcome)
+        .bind(now)
         .bind(task)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        if updated.rows_affected() == 0 {
-            return Err(StoreError::NotFound(task.to_owned()));
+        if let Some(data) = status_data(&before, status, outcome.as_deref()) {
+            insert_events(&mut tx, task, vec![("status", None, data)], now).await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! The server backend: PostgreSQL, for several runners sharing one store. One module per
-//! concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `rate.rs` and `report.rs`);
-//! this one connects and resolves ids.
+//! concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with `rate.rs` and `report.rs`),
+//! `service.rs` (keys, tenants) and `events.rs`; this one connects and resolves ids.
 //!
 //! It keeps the SQLite backend's behaviour to the byte: the same text in every JSON column, the
 //! same snapshot rule, the same errors. Where SQLite serialises writers with `BEGIN IMMEDIATE`,
@@ -17,11 +17,13 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 use crate::migrate::{check_postgres, migrate_postgres};
 use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
+mod events;
 mod journal;
 mod leases;
 mod queue;
 mod rate;
 mod report;
+mod service;
 mod tasks;
 
 /// The server's clock in unix milliseconds, as SQL: leases, claims, backoffs and rate windows
@@ -40,7 +42,9 @@ pub struct PostgresStore {
     snapshot_every: u64,
 }
 
-pub(super) const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
+/// Every column: `tenant` came with schema 5, and read-only opens read older schemas too
+/// (`rows::later_text_column`).
+pub(super) const TASK_COLUMNS: &str = "*";
 
 impl PostgresStore {
     /// Opens `url` (`postgres://user@host:port/db`, with libpq-style query parameters such as

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use skillstate_core::json::state_hash;
 use sqlx::{AssertSqlSafe, Row};
 
+use super::events::CREATED_EVENTS;
 use super::{NOW_MS, PostgresStore};
 use crate::model::*;
 use crate::queue::*;
@@ -137,6 +138,11 @@ impl Queue for PostgresStore {
             )
             .execute(&mut *tx)
             .await?;
+            sqlx::query(CREATED_EVENTS)
+                .bind(ids)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(ids)

@@ -1,14 +1,72 @@
-//! Tasks as wholes on PostgreSQL: create, find, list, fork, compact, delete, measure.
+//! Tasks as wholes on PostgreSQL: create (also owned by a tenant), find, list, fork, compact,
+//! delete (with its events), measure.
 
 use async_trait::async_trait;
 use serde_json::Value;
 use skillstate_core::json::state_hash;
 use sqlx::AssertSqlSafe;
 
+use super::events::CREATED_EVENTS;
 use super::{PostgresStore, TASK_COLUMNS};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
+use crate::service::TaskOwner;
 use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
+
+/// Writes the task `id` at version 0 (owned by `owner` when given) with its snapshot, opening
+/// observation and `created` event. Returns `false`, writing nothing, when the owner's tenant
+/// already has a task with the owner's idempotency key: the unique index decides, after
+/// waiting for a concurrent create with the same key to commit or roll back.
+pub(super) async fn insert_task(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+    task: &NewTask,
+    initial_state: &Value,
+    owner: Option<&TaskOwner>,
+    now: i64,
+) -> Result<bool> {
+    let inserted = sqlx::query(
+        "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, 0, $11, $11, $12, $13, $14) \
+         ON CONFLICT (tenant, idempotency_key) WHERE tenant IS NOT NULL AND idempotency_key IS NOT NULL DO NOTHING",
+    )
+    .bind(id)
+    .bind(&task.skill.name)
+    .bind(to_json(&task.skill))
+    .bind(to_json(&task.tools))
+    .bind(task.context.as_str())
+    .bind(task.context_budget.map(|b| b as i64))
+    .bind(&task.model)
+    .bind(task.environment.as_ref().map(to_json))
+    .bind(task.env_checkpoint.as_ref().map(to_json))
+    .bind(to_json(initial_state))
+    .bind(now)
+    .bind(owner.map(|o| o.tenant.as_str()))
+    .bind(owner.and_then(|o| o.idempotency_key.as_deref()))
+    .bind(owner.map(|o| to_json(&o.labels)))
+    .execute(&mut *conn)
+    .await?;
+    if inserted.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query("INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, 0, $2, $3)")
+        .bind(id)
+        .bind(to_json(initial_state))
+        .bind(state_hash(initial_state))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, 1, $2)")
+        .bind(id)
+        .bind(&task.opening_observation)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(CREATED_EVENTS)
+        .bind([id])
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(true)
+}
 
 /// Writes `state` as the snapshot at `step`, replacing one already there (a fork's or a
 /// compaction's base step may coincide with a regular snapshot).
@@ -35,38 +93,8 @@ async fn upsert_snapshot(
 impl Tasks for PostgresStore {
     async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord> {
         let id = uuid::Uuid::now_v7().to_string();
-        let now = now_millis();
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, 0, $11, $12)",
-        )
-        .bind(&id)
-        .bind(&task.skill.name)
-        .bind(to_json(&task.skill))
-        .bind(to_json(&task.tools))
-        .bind(task.context.as_str())
-        .bind(task.context_budget.map(|b| b as i64))
-        .bind(&task.model)
-        .bind(task.environment.as_ref().map(to_json))
-        .bind(task.env_checkpoint.as_ref().map(to_json))
-        .bind(to_json(initial_state))
-        .bind(now)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, 0, $2, $3)",
-        )
-        .bind(&id)
-        .bind(to_json(initial_state))
-        .bind(state_hash(initial_state))
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, 1, $2)")
-            .bind(&id)
-            .bind(&task.opening_observation)
-            .execute(&mut *tx)
-            .await?;
+        insert_task(&mut tx, &id, &task, initial_state, None, now_millis()).await?;
         tx.commit().await?;
         self.task(&id).await
     }
@@ -123,8 +151,8 @@ impl Tasks for PostgresStore {
             });
         }
         sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at) \
-             SELECT $1, skill_name, skill, tools, context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5 FROM tasks WHERE id = $6",
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant) \
+             SELECT $1, skill_name, skill, tools, context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5, tenant FROM tasks WHERE id = $6",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))
@@ -135,8 +163,8 @@ impl Tasks for PostgresStore {
         .execute(&mut *tx)
         .await?;
         for sql in [
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at) \
-             SELECT $1, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = $2 AND step <= $3",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author) \
+             SELECT $1, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author FROM journal WHERE task_id = $2 AND step <= $3",
             "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at) \
              SELECT $1, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = $2 AND step <= $3",
             "INSERT INTO snapshots (task_id, step, state, state_hash) \
@@ -159,6 +187,11 @@ impl Tasks for PostgresStore {
         .execute(&mut *tx)
         .await?;
         upsert_snapshot(&mut tx, &id, at, state).await?;
+        sqlx::query(CREATED_EVENTS)
+            .bind([&id])
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         self.task(&id).await
     }

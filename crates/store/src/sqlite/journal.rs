@@ -7,7 +7,7 @@ use sqlx::Row;
 
 use super::SqliteStore;
 use super::ops::Write;
-use super::ops_steps::{ActionDone, EntryRow, Rejection, Status, Step};
+use super::ops_steps::{ActionDone, Rejection, Status, Step};
 use crate::model::*;
 use crate::rows::{decode, entry_from_row, extent_from_row, to_json};
 use crate::{Journal, Result, StoreError, now_millis};
@@ -15,12 +15,8 @@ use crate::{Journal, Result, StoreError, now_millis};
 #[async_trait]
 impl Journal for SqliteStore {
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
-        self.write_done(Write::Rejection(Rejection {
-            task: task.to_owned(),
-            entry: EntryRow::new(entry),
-            now: now_millis(),
-        }))
-        .await
+        self.write_done(Write::Rejection(Rejection::new(task, entry, now_millis())))
+            .await
     }
 
     async fn commit_step(
@@ -40,8 +36,12 @@ impl Journal for SqliteStore {
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
-        self.write_done(Write::ActionDone(ActionDone::new(task, result, now_millis())))
-            .await
+        self.write_done(Write::ActionDone(ActionDone::new(
+            task,
+            result,
+            now_millis(),
+        )))
+        .await
     }
 
     async fn set_status(
@@ -52,7 +52,7 @@ impl Journal for SqliteStore {
     ) -> Result<()> {
         self.write_done(Write::Status(Status {
             task: task.to_owned(),
-            status: status.as_str(),
+            status,
             outcome: outcome.map(to_json),
             now: now_millis(),
         }))

@@ -1,9 +1,9 @@
 //! The embedded default backend: one SQLite file in WAL mode. Every write of the process goes
 //! through one group-commit writer (`writer.rs`): the hot path's (steps, rejections, tool
-//! results, statuses, lease heartbeats, claims, settles, rate windows: `ops*.rs`) in shared
-//! transactions, the others on a pooled connection during the writer's turns; reads use the
-//! pool. One module per concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with
-//! `report.rs`); this one opens the file and resolves ids.
+//! results, statuses, lease heartbeats, claims, settles, rate windows, API keys: `ops*.rs`) in
+//! shared transactions, the others on a pooled connection during the writer's turns; reads use
+//! the pool. One module per concern: `tasks.rs`, `journal.rs`, `leases.rs`, `queue.rs` (with
+//! `report.rs`), `service.rs` (keys, tenants, events); this one opens the file and resolves ids.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,11 +17,13 @@ use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 mod journal;
 mod leases;
 mod ops;
+mod ops_keys;
 mod ops_queue;
 mod ops_steps;
 mod ops_tasks;
 mod queue;
 mod report;
+mod service;
 mod tasks;
 mod writer;
 
@@ -82,7 +84,9 @@ pub struct SqliteStore {
     _temp: Option<TempDb>,
 }
 
-pub(super) const TASK_COLUMNS: &str = "id, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at";
+/// Every column: `tenant` came with schema 5, and read-only opens read older schemas too
+/// (`rows::later_text_column`).
+pub(super) const TASK_COLUMNS: &str = "*";
 
 impl SqliteStore {
     pub async fn open(location: &str, synchronous: Synchronous) -> Result<Self> {

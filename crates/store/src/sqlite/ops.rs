@@ -1,20 +1,25 @@
 //! The writes that go through the group-commit writer (`writer.rs`) as owned values, with every
 //! JSON column already serialised by the caller, so the writer only runs SQL: new tasks
-//! (`ops_tasks.rs`), steps, rejections, tool results and statuses (`ops_steps.rs`), lease
-//! heartbeats and releases, claims, settles and rate windows (`ops_queue.rs`). Each runs inside the transaction the writer opened, on
-//! the writer's own connection.
+//! (`ops_tasks.rs`), steps, rejections, tool results and statuses with their events
+//! (`ops_steps.rs`), lease heartbeats and releases, claims, settles and rate windows
+//! (`ops_queue.rs`), API keys (`ops_keys.rs`). Each runs inside the transaction the writer
+//! opened, on the writer's own connection.
 
 use rusqlite::Connection;
 
+use super::ops_keys::{NewKey, RevokeKey};
 use super::ops_queue::{Claim, Rate, RateTokens, Release, Renew, Settle};
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
-use super::ops_tasks::NewTasks;
+use super::ops_tasks::{NewTasks, OwnedTask};
 use crate::StoreError;
 use crate::queue::{Claimed, RateDecision};
 
 /// One write.
+// Travels boxed (`writer::Request::Write`), so the sizes of its variants cost nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Write {
     NewTasks(NewTasks),
+    OwnedTask(OwnedTask),
     Step(Step),
     Rejection(Rejection),
     ActionDone(ActionDone),
@@ -25,6 +30,8 @@ pub(super) enum Write {
     Claim(Claim),
     Rate(Rate),
     RateTokens(RateTokens),
+    NewKey(NewKey),
+    RevokeKey(RevokeKey),
 }
 
 /// What a write answers besides success.
@@ -33,6 +40,8 @@ pub(super) enum Reply {
     Done,
     Claimed(Option<Claimed>),
     Rate(RateDecision),
+    /// A task's id, and whether the write created it.
+    Task(String, bool),
 }
 
 /// Why a write did not happen.
@@ -78,6 +87,9 @@ impl Write {
         }
         let result = match self {
             Write::NewTasks(write) => write.run(conn).map(|()| Reply::Done),
+            Write::OwnedTask(write) => write
+                .run(conn)
+                .map(|(id, created)| Reply::Task(id, created)),
             Write::Step(write) => write.run(conn).map(|()| Reply::Done),
             Write::Rejection(write) => write.run(conn).map(|()| Reply::Done),
             Write::ActionDone(write) => write.run(conn).map(|()| Reply::Done),
@@ -88,6 +100,8 @@ impl Write {
             Write::Claim(write) => write.run(conn).map(Reply::Claimed),
             Write::Rate(write) => write.run(conn).map(Reply::Rate),
             Write::RateTokens(write) => write.run(conn).map(|()| Reply::Done),
+            Write::NewKey(write) => write.run(conn).map(|()| Reply::Done),
+            Write::RevokeKey(write) => write.run(conn).map(|()| Reply::Done),
         };
         let end = match result {
             Ok(_) => run_cached(conn, "RELEASE one"),

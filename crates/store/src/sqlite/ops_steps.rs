@@ -1,5 +1,5 @@
 //! The step writes of the group-commit writer: accepted steps, rejections, tool results and
-//! statuses.
+//! statuses, each with its events (`service.rs`) in the same savepoint.
 
 use rusqlite::{Connection, OptionalExtension, params};
 use skillstate_core::json::state_hash;
@@ -8,6 +8,35 @@ use super::ops::OpResult;
 use crate::StoreError;
 use crate::model::*;
 use crate::rows::{to_json, verdict_str};
+use crate::service_rows::{OldStatus, action_data, rejected_data, status_data, step_data};
+
+/// Appends one event of `task`, with the task's tenant and current version.
+pub(super) fn insert_event(
+    conn: &Connection,
+    task: &str,
+    kind: &str,
+    data: &str,
+    now: i64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO events (task_id, tenant, kind, step, data, created_at) \
+         SELECT id, tenant, ?1, version, ?2, ?3 FROM tasks WHERE id = ?4",
+    )?
+    .execute(params![kind, data, now, task])?;
+    Ok(())
+}
+
+/// The task's status and outcome before a status write; `None` when there is no such task.
+fn old_status(conn: &Connection, task: &str) -> rusqlite::Result<Option<OldStatus>> {
+    conn.prepare_cached("SELECT status, outcome FROM tasks WHERE id = ?")?
+        .query_row([task], |row| {
+            Ok(OldStatus {
+                status: row.get(0)?,
+                outcome: row.get(1)?,
+            })
+        })
+        .optional()
+}
 
 /// A journal row, ready to bind.
 pub(super) struct EntryRow {
@@ -25,6 +54,7 @@ pub(super) struct EntryRow {
     usage: Option<String>,
     latency_ms: i64,
     created_at: i64,
+    author: Option<String>,
 }
 
 impl EntryRow {
@@ -44,13 +74,14 @@ impl EntryRow {
             usage: entry.usage.as_ref().map(to_json),
             latency_ms: entry.latency_ms as i64,
             created_at: entry.created_at,
+            author: entry.author.clone(),
         }
     }
 
     fn insert(&self, conn: &Connection, task: &str) -> rusqlite::Result<()> {
         conn.prepare_cached(
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )?
         .execute(params![
             task,
@@ -68,6 +99,7 @@ impl EntryRow {
             self.usage,
             self.latency_ms,
             self.created_at,
+            self.author,
         ])?;
         Ok(())
     }
@@ -81,9 +113,11 @@ pub(super) struct Step {
     state: String,
     /// `Some(hash of the state)` when this step is snapshotted.
     snapshot: Option<String>,
-    status: Option<&'static str>,
+    status: Option<TaskStatus>,
     outcome: Option<String>,
     entry: EntryRow,
+    /// The `step` event's data.
+    event: String,
     /// Tool, arguments, idempotency key, side effect.
     intent: Option<(String, String, String, String)>,
     /// The previous step's action result, written first.
@@ -100,9 +134,16 @@ impl Step {
         now: i64,
     ) -> Self {
         let (status, outcome) = match &commit.status {
-            Some((status, outcome)) => (Some(status.as_str()), outcome.as_ref().map(to_json)),
+            Some((status, outcome)) => (Some(*status), outcome.as_ref().map(to_json)),
             None => (None, None),
         };
+        let entry = EntryRow::new(&commit.entry);
+        let event = step_data(
+            commit.entry.step,
+            entry.patch.as_deref(),
+            entry.action.as_deref(),
+            entry.author.as_deref(),
+        );
         Self {
             task: task.to_owned(),
             expected_version,
@@ -112,7 +153,8 @@ impl Step {
                 .then(|| state_hash(&commit.new_state)),
             status,
             outcome,
-            entry: EntryRow::new(&commit.entry),
+            entry,
+            event,
             intent: commit.intent.as_ref().map(|intent| {
                 (
                     intent.tool.clone(),
@@ -134,6 +176,11 @@ impl Step {
             previous.run(conn)?;
         }
         let next = (self.expected_version + 1) as i64;
+        // Only steps that finish or pause the task read the status they change.
+        let before = match self.status {
+            Some(_) => old_status(conn, &self.task)?,
+            None => None,
+        };
         // The version check and the state write are one statement.
         let updated = conn
             .prepare_cached(
@@ -143,7 +190,7 @@ impl Step {
                 self.state,
                 next,
                 self.now,
-                self.status,
+                self.status.map(TaskStatus::as_str),
                 self.outcome,
                 self.task,
                 self.expected_version as i64,
@@ -176,32 +223,53 @@ impl Step {
             )?
             .execute(params![self.task, next, self.state, hash])?;
         }
+        insert_event(conn, &self.task, "step", &self.event, self.now)?;
+        if let (Some(status), Some(before)) = (self.status, &before)
+            && let Some(data) = status_data(before, status, self.outcome.as_deref())
+        {
+            insert_event(conn, &self.task, "status", &data, self.now)?;
+        }
         Ok(())
     }
 }
 
 /// A rejected answer: a journal row; the state is untouched.
 pub(super) struct Rejection {
-    pub(super) task: String,
-    pub(super) entry: EntryRow,
-    pub(super) now: i64,
+    task: String,
+    entry: EntryRow,
+    /// The `rejected` event's data.
+    event: String,
+    now: i64,
 }
 
 impl Rejection {
+    pub(super) fn new(task: &str, entry: &JournalEntry, now: i64) -> Self {
+        let row = EntryRow::new(entry);
+        Self {
+            task: task.to_owned(),
+            event: rejected_data(entry.step, entry.attempt, row.errors.as_deref()),
+            entry: row,
+            now,
+        }
+    }
+
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
         self.entry.insert(conn, &self.task)?;
         conn.prepare_cached("UPDATE tasks SET updated_at = ? WHERE id = ?")?
             .execute(params![self.now, self.task])?;
+        insert_event(conn, &self.task, "rejected", &self.event, self.now)?;
         Ok(())
     }
 }
 
 /// A tool's result and the observation the next step starts from.
 pub(super) struct ActionDone {
-    pub(super) task: String,
-    pub(super) result: ActionResult,
-    pub(super) env_checkpoint: Option<String>,
-    pub(super) now: i64,
+    task: String,
+    result: ActionResult,
+    env_checkpoint: Option<String>,
+    /// The `action` event's data.
+    event: String,
+    now: i64,
 }
 
 impl ActionDone {
@@ -210,6 +278,7 @@ impl ActionDone {
             task: task.to_owned(),
             result: result.clone(),
             env_checkpoint: result.env_checkpoint.as_ref().map(to_json),
+            event: action_data(result),
             now,
         }
     }
@@ -245,6 +314,7 @@ impl ActionDone {
             "UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ?",
         )?
         .execute(params![self.env_checkpoint, self.now, self.task])?;
+        insert_event(conn, &self.task, "action", &self.event, self.now)?;
         Ok(())
     }
 }
@@ -252,20 +322,27 @@ impl ActionDone {
 /// A new status, and the outcome when one is given.
 pub(super) struct Status {
     pub(super) task: String,
-    pub(super) status: &'static str,
+    pub(super) status: TaskStatus,
     pub(super) outcome: Option<String>,
     pub(super) now: i64,
 }
 
 impl Status {
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
-        let updated = conn
-            .prepare_cached(
-                "UPDATE tasks SET status = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE id = ?",
-            )?
-            .execute(params![self.status, self.outcome, self.now, self.task])?;
-        if updated == 0 {
+        let Some(before) = old_status(conn, &self.task)? else {
             return Err(StoreError::NotFound(self.task.clone()).into());
+        };
+        conn.prepare_cached(
+            "UPDATE tasks SET status = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE id = ?",
+        )?
+        .execute(params![
+            self.status.as_str(),
+            self.outcome,
+            self.now,
+            self.task
+        ])?;
+        if let Some(data) = status_data(&before, self.status, self.outcome.as_deref()) {
+            insert_event(conn, &self.task, "status", &data, self.now)?;
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
-//! New tasks through the group-commit writer: one task (`create_task`) or a whole batch's
-//! (`enqueue_tasks`, all or nothing, its statements prepared once and stepped per task).
+//! New tasks through the group-commit writer: one task (`create_task`), one owned by a tenant
+//! (`create_owned_task`, idempotent per key) or a whole batch's (`enqueue_tasks`, all or
+//! nothing, its statements prepared once and stepped per task). Each task's `created` event is
+//! written with it.
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
@@ -9,6 +11,11 @@ use super::ops::OpResult;
 use crate::StoreError;
 use crate::model::NewTask;
 use crate::rows::to_json;
+use crate::service::TaskOwner;
+
+/// The `created` event of the task `?2`, written at `?1` (also by `fork_task`).
+pub(super) const CREATED_EVENT: &str = "INSERT INTO events (task_id, tenant, kind, step, data, created_at) \
+     SELECT id, tenant, 'created', version, json_object('skill', skill_name, 'model', model), ?1 FROM tasks WHERE id = ?2";
 
 /// A task at version 0, serialised: its row, the snapshot of step 0 and the observation step 1
 /// starts from.
@@ -26,6 +33,8 @@ pub(super) struct TaskRow {
     state_hash: String,
     opening_observation: String,
     labels: Option<String>,
+    tenant: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 impl TaskRow {
@@ -44,6 +53,17 @@ impl TaskRow {
             state_hash: state_hash(initial_state),
             opening_observation: task.opening_observation.clone(),
             labels: labels.map(to_json),
+            tenant: None,
+            idempotency_key: None,
+        }
+    }
+
+    /// A task owned by `owner.tenant`, with its labels and idempotency key.
+    pub(super) fn owned(task: &NewTask, initial_state: &Value, owner: &TaskOwner) -> Self {
+        Self {
+            tenant: Some(owner.tenant.clone()),
+            idempotency_key: owner.idempotency_key.clone(),
+            ..Self::new(task, initial_state, Some(&owner.labels))
         }
     }
 }
@@ -66,37 +86,78 @@ impl NewTasks {
                 return Err(StoreError::NoSuchBatch(batch.clone()).into());
             }
         }
-        let mut task = conn.prepare_cached(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?)",
+        insert_tasks(conn, &self.rows, self.batch.as_deref(), self.now)
+    }
+}
+
+/// Writes `rows` (queued in `batch` when given) with their snapshots, opening observations and
+/// `created` events.
+fn insert_tasks(
+    conn: &Connection,
+    rows: &[TaskRow],
+    batch: Option<&str>,
+    now: i64,
+) -> OpResult<()> {
+    let mut task = conn.prepare_cached(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
         )?;
-        let mut snapshot = conn.prepare_cached(
-            "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)",
-        )?;
-        let mut observation =
-            conn.prepare_cached("INSERT INTO observations (task_id, step, text) VALUES (?, 1, ?)")?;
-        let queue = self.batch.as_ref().map(|_| "queued");
-        for row in &self.rows {
-            task.execute(params![
-                row.id,
-                row.skill_name,
-                row.skill,
-                row.tools,
-                row.context,
-                row.context_budget,
-                row.model,
-                row.environment,
-                row.env_checkpoint,
-                row.state,
-                self.now,
-                self.now,
-                self.batch,
-                queue,
-                row.labels,
-            ])?;
-            snapshot.execute(params![row.id, row.state, row.state_hash])?;
-            observation.execute(params![row.id, row.opening_observation])?;
+    let mut snapshot = conn.prepare_cached(
+        "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)",
+    )?;
+    let mut observation =
+        conn.prepare_cached("INSERT INTO observations (task_id, step, text) VALUES (?, 1, ?)")?;
+    let mut created = conn.prepare_cached(CREATED_EVENT)?;
+    let queue = batch.map(|_| "queued");
+    for row in rows {
+        task.execute(params![
+            row.id,
+            row.skill_name,
+            row.skill,
+            row.tools,
+            row.context,
+            row.context_budget,
+            row.model,
+            row.environment,
+            row.env_checkpoint,
+            row.state,
+            now,
+            now,
+            batch,
+            queue,
+            row.labels,
+            row.tenant,
+            row.idempotency_key,
+        ])?;
+        snapshot.execute(params![row.id, row.state, row.state_hash])?;
+        observation.execute(params![row.id, row.opening_observation])?;
+        created.execute(params![now, row.id])?;
+    }
+    Ok(())
+}
+
+/// A task owned by a tenant; when the tenant already used its idempotency key, nothing is
+/// written and the earlier task's id is the answer.
+pub(super) struct OwnedTask {
+    pub(super) row: TaskRow,
+    pub(super) now: i64,
+}
+
+impl OwnedTask {
+    /// The task's id, and whether it was created now.
+    pub(super) fn run(&self, conn: &Connection) -> OpResult<(String, bool)> {
+        // The writer holds the database's write lock: no other create with this key can come
+        // between the look-up and the insert (the unique index would refuse it anyway).
+        if let (Some(tenant), Some(key)) = (&self.row.tenant, &self.row.idempotency_key) {
+            let earlier: Option<String> = conn
+                .prepare_cached("SELECT id FROM tasks WHERE tenant = ? AND idempotency_key = ?")?
+                .query_row([tenant, key], |row| row.get(0))
+                .optional()?;
+            if let Some(id) = earlier {
+                return Ok((id, false));
+            }
         }
-        Ok(())
+        insert_tasks(conn, std::slice::from_ref(&self.row), None, self.now)?;
+        Ok((self.row.id.clone(), true))
     }
 }

@@ -241,7 +241,7 @@ impl Queue for SqliteStore {
     }
 }
 
-fn unexpected(reply: Reply) -> StoreError {
+pub(super) fn unexpected(reply: Reply) -> StoreError {
     StoreError::Decode {
         what: "the writer's answer".into(),
         message: format!("unexpected {reply:?}"),

@@ -1,4 +1,5 @@
-//! Tasks as wholes on SQLite: create, find, list, fork, compact, delete, measure.
+//! Tasks as wholes on SQLite: create, find, list, fork, compact, delete (with its events),
+//! measure.
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -6,7 +7,7 @@ use skillstate_core::json::state_hash;
 use sqlx::Connection;
 
 use super::ops::Write;
-use super::ops_tasks::{NewTasks, TaskRow};
+use super::ops_tasks::{CREATED_EVENT, NewTasks, TaskRow};
 use super::{SqliteStore, TASK_COLUMNS};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
@@ -58,8 +59,8 @@ impl Tasks for SqliteStore {
         let mut conn = self.write_conn().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let created = sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at) \
-             SELECT ?, skill_name, skill, tools, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ? FROM tasks WHERE id = ? AND version >= ?",
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant) \
+             SELECT ?, skill_name, skill, tools, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant FROM tasks WHERE id = ? AND version >= ?",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))
@@ -83,7 +84,7 @@ impl Tasks for SqliteStore {
             });
         }
         for sql in [
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens) SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens FROM journal WHERE task_id = ? AND step <= ?",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens, author) SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens, author FROM journal WHERE task_id = ? AND step <= ?",
             "INSERT INTO intents SELECT ?, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = ? AND step <= ?",
             "INSERT INTO snapshots SELECT ?, step, state, state_hash FROM snapshots WHERE task_id = ? AND step <= ?",
         ] {
@@ -105,6 +106,11 @@ impl Tasks for SqliteStore {
             .bind(at)
             .bind(to_json(state))
             .bind(state_hash(state))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(CREATED_EVENT)
+            .bind(now)
+            .bind(&id)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
