@@ -1,0 +1,165 @@
+//! The service as one axum router, its limits, and serving it with a graceful shutdown.
+//!
+//! Layers, outermost first: problem details for every error ([`finish_problems`]), a tracing
+//! span per request, panics caught as 500s, the request timeout (503), and the body size
+//! limit (413). The JSON depth limit is applied where bodies are parsed ([`crate::json`]).
+//! /healthz, /readyz and /openapi.json are open; everything under /v1 needs an API key
+//! ([`crate::auth`]).
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use skillstate_store::Store;
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::auth::require_key;
+use crate::factory::TaskFactory;
+use crate::problem::finish_problems;
+use crate::routes::{journal, ops, state, tasks};
+
+/// The service's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Largest request body read, in bytes (413 beyond).
+    pub body_limit: usize,
+    /// Deepest nesting of arrays and objects in a JSON body (400 beyond).
+    pub max_json_depth: usize,
+    /// How long one request may take before it is stopped with a 503.
+    pub request_timeout: Duration,
+    /// Most tasks in one batch create.
+    pub max_batch: usize,
+    /// After the shutdown signal, how long open requests may still finish.
+    pub shutdown_grace: Duration,
+}
+
+/// 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+pub const DEFAULT_MAX_JSON_DEPTH: usize = 64;
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_BATCH: usize = 100;
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            body_limit: DEFAULT_BODY_LIMIT,
+            max_json_depth: DEFAULT_MAX_JSON_DEPTH,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_batch: DEFAULT_MAX_BATCH,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub factory: Arc<dyn TaskFactory>,
+    pub config: Arc<ServerConfig>,
+    /// The OpenAPI document, serialised once.
+    pub(crate) openapi: Arc<str>,
+}
+
+impl AppState {
+    pub fn new(store: Arc<dyn Store>, factory: Arc<dyn TaskFactory>) -> Self {
+        Self::with_config(store, factory, ServerConfig::default())
+    }
+
+    pub fn with_config(
+        store: Arc<dyn Store>,
+        factory: Arc<dyn TaskFactory>,
+        config: ServerConfig,
+    ) -> Self {
+        Self {
+            store,
+            factory,
+            config: Arc::new(config),
+            openapi: Arc::from(crate::openapi::document_json()),
+        }
+    }
+}
+
+/// The whole service.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/tasks", post(tasks::create_task).get(tasks::list_tasks))
+        .route("/v1/tasks:batch", post(tasks::create_tasks))
+        .route(
+            "/v1/tasks/{id}",
+            get(tasks::get_task).delete(tasks::delete_task),
+        )
+        .route("/v1/tasks/{id}/cancel", post(tasks::cancel_task))
+        .route("/v1/tasks/{id}/state", get(state::get_state))
+        .route("/v1/tasks/{id}/steps", get(journal::list_steps))
+        .route("/v1/tasks/{id}/steps/{step}", get(journal::get_step))
+        .route(
+            "/v1/tasks/{id}/steps/{step}/state",
+            get(journal::state_at_step),
+        )
+        .route(
+            "/v1/tasks/{id}/steps/{step}/prompt",
+            get(journal::prompt_at_step),
+        )
+        .route("/v1/tasks/{id}/fork", post(journal::fork))
+        .route_layer(from_fn_with_state(state.clone(), require_key));
+    let config = state.config.clone();
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/openapi.json", get(ops::openapi))
+        .merge(v1)
+        .with_state(state)
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(config.body_limit))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            config.request_timeout,
+        ))
+        .layer(CatchPanicLayer::new())
+        .layer(TraceLayer::new_for_http())
+        .layer(from_fn_with_state(config, finish_problems))
+}
+
+/// Serves the service on `listener` until `shutdown` completes; then stops accepting, lets
+/// open requests finish for at most `shutdown_grace`, and returns.
+pub async fn serve<F>(listener: TcpListener, state: AppState, shutdown: F) -> std::io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let grace = state.config.shutdown_grace;
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        let _ = stopping_tx.send(());
+    };
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(signal);
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        result = &mut server => result,
+        _ = async {
+            // The signal fired (a dropped sender means the server ended first: wait forever,
+            // the other branch returns).
+            if stopping_rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(
+                grace_secs = grace.as_secs_f64(),
+                "requests still open after the shutdown grace period; stopping without them"
+            );
+            Ok(())
+        }
+    }
+}

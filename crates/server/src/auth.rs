@@ -1,0 +1,123 @@
+//! API keys: `Authorization: Bearer <secret>` on every /v1 route.
+//!
+//! Only the lower-case hex SHA-256 of a secret is stored; a request's secret is hashed and looked
+//! up (`Keys::key_by_hash`) on every request, so a revoked key fails at once. A missing,
+//! malformed, unknown or revoked key is 401 with `WWW-Authenticate: Bearer` (one answer for
+//! all four, so a caller learns nothing about keys it does not hold). The key's tenant goes into
+//! the request's extensions as a [`Caller`]; routes show a tenant only its own tasks.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use crate::app::AppState;
+use crate::problem::ApiError;
+
+/// Who is calling: the tenant and key of the request's API key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: String,
+    /// The key's id (never its secret); recorded as the author of what the key writes.
+    pub key_id: String,
+}
+
+/// The prefix of every key secret, so leaked keys are recognisable to secret scanners.
+pub const SECRET_PREFIX: &str = "sk_";
+
+/// A new random key secret: `sk_` and 64 hex digits (244 random bits, from two UUID v4s).
+/// Shown to its creator once; store only [`hash_secret`] of it.
+pub fn new_key_secret() -> String {
+    format!(
+        "{SECRET_PREFIX}{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Lower-case hex SHA-256 of a key secret: what the store keeps and looks keys up by.
+pub fn hash_secret(secret: &str) -> String {
+    Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The middleware of every /v1 route.
+pub async fn require_key(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let header = request.headers().get(header::AUTHORIZATION).cloned();
+    match authenticate(&state, header.as_ref()).await {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn authenticate(state: &AppState, header: Option<&HeaderValue>) -> Result<Caller, ApiError> {
+    let unauthorized = |detail: &str| ApiError::Unauthorized {
+        detail: detail.to_owned(),
+    };
+    let Some(value) = header else {
+        return Err(unauthorized(
+            "this route needs an API key: send `Authorization: Bearer <key>` (keys are made with `skillstate keys create`)",
+        ));
+    };
+    let secret = value
+        .to_str()
+        .ok()
+        .and_then(bearer_token)
+        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <key>`"))?;
+    let key = state.store.key_by_hash(&hash_secret(secret)).await?;
+    match key {
+        Some(key) if key.revoked_at.is_none() => Ok(Caller {
+            tenant: key.tenant,
+            key_id: key.id,
+        }),
+        _ => Err(unauthorized(
+            "the API key is unknown or revoked; ask for a valid key (`skillstate keys list` shows which are valid)",
+        )),
+    }
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive, RFC 7235), if well-formed.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    (!token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic())).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_random_prefixed_and_hash_to_hex() {
+        let a = new_key_secret();
+        let b = new_key_secret();
+        assert_ne!(a, b);
+        assert!(a.starts_with("sk_") && a.len() == 3 + 64);
+        assert_eq!(
+            hash_secret("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn bearer_tokens_are_parsed_strictly() {
+        assert_eq!(bearer_token("Bearer sk_1"), Some("sk_1"));
+        assert_eq!(bearer_token("bearer   sk_1 "), Some("sk_1"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer a b"), None);
+    }
+}

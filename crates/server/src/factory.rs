@@ -1,0 +1,292 @@
+//! How a create request becomes a task.
+//!
+//! The server knows requests, tenants and the store; it does not know how a skill's world is
+//! built (built-in environments, tool boxes with MCP servers, model specs): that is the
+//! caller's [`TaskFactory`], which the `skillstate` binary implements with its environments and
+//! tool boxes. The server checks what it can on its own first ([`check_request`]: names, labels,
+//! numbers), then asks the factory for the frozen task and its initial state.
+//!
+//! Helpers for factories: [`skill_dir`] finds a skill in the server's skills directory without
+//! letting a name escape it, [`check_initial_state`] checks a given state as state.init.json is
+//! checked, with one error per problem and its pointer.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::Value;
+use skillstate_core::{ContextStrategy, Skill};
+use skillstate_store::{NewTask, TaskRecord};
+use skillstate_tools::Environment;
+use utoipa::ToSchema;
+
+use crate::problem::{ApiError, FieldError};
+
+/// A request to create a task.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTaskRequest {
+    /// The skill's name: a directory of the server's skills directory.
+    #[schema(example = "warehouse")]
+    pub skill: String,
+    /// The model, as `skillstate run --model` takes it (`oracle`, `openai:<model>`,
+    /// `anthropic:<model>`); which ones a server accepts is its configuration.
+    #[schema(example = "oracle")]
+    pub model: String,
+    /// What each prompt keeps besides the procedure and tools.
+    #[serde(default)]
+    pub context: ContextName,
+    /// Token budget of the whole prompt for the `window` and `summary` strategies.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 10_000_000)]
+    pub budget: Option<u64>,
+    /// The request that opens the task, for skills without a built-in environment.
+    #[serde(default)]
+    pub input: Option<String>,
+    /// The task's initial state instead of the skill's state.init.json; checked against the
+    /// skill's state schema and state budget.
+    #[serde(default)]
+    pub state: Option<Value>,
+    /// Overrides of the skill's `[environment]` parameters (`seed`, `events`, ...), for skills
+    /// with a built-in environment.
+    #[serde(default)]
+    pub environment: BTreeMap<String, Value>,
+    /// String labels, filterable in listings (`GET /v1/tasks?label=team:ops`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A context strategy (README, "Context strategies").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextName {
+    #[default]
+    State,
+    History,
+    Summary,
+    Stateful,
+    Window,
+}
+
+impl ContextName {
+    pub fn strategy(self) -> ContextStrategy {
+        match self {
+            ContextName::State => ContextStrategy::State,
+            ContextName::History => ContextStrategy::History,
+            ContextName::Summary => ContextStrategy::Summary,
+            ContextName::Stateful => ContextStrategy::Stateful,
+            ContextName::Window => ContextStrategy::Window,
+        }
+    }
+}
+
+/// Builds tasks for the server. Implemented by whoever wires the server (the CLI, tests).
+#[async_trait]
+pub trait TaskFactory: Send + Sync {
+    /// The task `request` asks for (skill definition and tools frozen, opening observation
+    /// recorded) and its initial state. Problems the caller can fix are
+    /// `ApiError::Invalid` with pointers into the request (`/skill`, `/state/inventory`);
+    /// nothing is stored yet.
+    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError>;
+
+    /// A fresh instance of `task`'s world for a fork, so a replayable (simulated) world can be
+    /// rebuilt as it was at the fork's step; `None` (the default) forks without one.
+    async fn fork_world(
+        &self,
+        _task: &TaskRecord,
+    ) -> Result<Option<Box<dyn Environment>>, ApiError> {
+        Ok(None)
+    }
+}
+
+/// Longest skill name, label name, label value and input accepted.
+pub const MAX_NAME: usize = 64;
+pub const MAX_LABELS: usize = 32;
+pub const MAX_LABEL_VALUE: usize = 256;
+pub const MAX_BUDGET: u64 = 10_000_000;
+
+/// What the server checks of a create request on its own, every problem with its pointer.
+pub fn check_request(request: &CreateTaskRequest) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if !is_name(&request.skill) {
+        errors.push(FieldError::new(
+            "field",
+            "/skill",
+            format!(
+                "`{}` is not a skill name: use 1-{MAX_NAME} of a-z, A-Z, 0-9, `-`, `_` (the name of a directory of the server's skills directory)",
+                request.skill
+            ),
+        ));
+    }
+    if request.model.trim().is_empty() {
+        errors.push(FieldError::new(
+            "field",
+            "/model",
+            "give a model, for example `oracle`",
+        ));
+    }
+    if let Some(budget) = request.budget
+        && !(1..=MAX_BUDGET).contains(&budget)
+    {
+        errors.push(FieldError::new(
+            "field",
+            "/budget",
+            format!("{budget} is out of range; give 1 to {MAX_BUDGET} tokens"),
+        ));
+    }
+    if let Some(state) = &request.state
+        && !state.is_object()
+    {
+        errors.push(FieldError::new(
+            "field",
+            "/state",
+            "the initial state must be a JSON object",
+        ));
+    }
+    if request.labels.len() > MAX_LABELS {
+        errors.push(FieldError::new(
+            "field",
+            "/labels",
+            format!(
+                "{} labels given; at most {MAX_LABELS} are kept per task",
+                request.labels.len()
+            ),
+        ));
+    }
+    for (key, value) in &request.labels {
+        let pointer = format!("/labels/{}", key.replace('~', "~0").replace('/', "~1"));
+        if !is_label_name(key) {
+            errors.push(FieldError::new(
+                "field",
+                pointer.clone(),
+                format!(
+                    "a label name is 1-{MAX_NAME} of a-z, A-Z, 0-9, `-`, `_`, `.` (so `label=name:value` filters are unambiguous)"
+                ),
+            ));
+        }
+        if value.chars().count() > MAX_LABEL_VALUE || value.chars().any(char::is_control) {
+            errors.push(FieldError::new(
+                "field",
+                pointer,
+                format!("a label value is at most {MAX_LABEL_VALUE} characters, none of them control characters"),
+            ));
+        }
+    }
+    errors
+}
+
+fn is_name(text: &str) -> bool {
+    (1..=MAX_NAME).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+pub(crate) fn is_label_name(text: &str) -> bool {
+    (1..=MAX_NAME).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The directory of skill `name` in `skills_dir`: a direct child holding SKILL.md. A name
+/// that is not a plain name, or no such skill, is a 422 at `/skill` that names no path.
+pub fn skill_dir(skills_dir: &Path, name: &str) -> Result<PathBuf, ApiError> {
+    let missing = || {
+        ApiError::invalid(
+            format!("this server has no skill `{name}`"),
+            vec![FieldError::new(
+                "field",
+                "/skill",
+                format!("no skill named `{name}` on this server"),
+            )],
+        )
+    };
+    if !is_name(name) {
+        return Err(missing());
+    }
+    let dir = skills_dir.join(name);
+    if dir.join("SKILL.md").is_file() {
+        Ok(dir)
+    } else {
+        Err(missing())
+    }
+}
+
+/// A given initial state must satisfy the skill's schema and fit its state budget, as
+/// state.init.json must. Every violation is one error at `/state<pointer>`.
+pub fn check_initial_state(skill: &Skill, state: &Value) -> Result<(), ApiError> {
+    let mut errors: Vec<FieldError> = skill
+        .schema
+        .violations(state)
+        .into_iter()
+        .map(|v| {
+            FieldError::new(
+                "schema",
+                format!("/state{}", v.pointer),
+                format!("does not satisfy the skill's state schema: {}", v.message),
+            )
+        })
+        .collect();
+    let budget = skill.settings().budgets.state_tokens;
+    let compact = serde_json::to_string(state).unwrap_or_default();
+    if errors.is_empty() && !skillstate_core::tokens::fits_in_tokens(&compact, budget) {
+        errors.push(FieldError::new(
+            "state_budget",
+            "/state",
+            format!("the state is over the skill's state budget of {budget} tokens; give a smaller state"),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "the initial state is not acceptable for this skill",
+            errors,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CreateTaskRequest {
+        CreateTaskRequest {
+            skill: "warehouse".into(),
+            model: "oracle".into(),
+            context: ContextName::State,
+            budget: None,
+            input: None,
+            state: None,
+            environment: BTreeMap::new(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn requests_are_checked_with_pointers() {
+        assert!(check_request(&request()).is_empty());
+        let mut bad = request();
+        bad.skill = "../etc".into();
+        bad.budget = Some(0);
+        bad.state = Some(Value::Null);
+        bad.labels.insert("a/b".into(), "x".into());
+        let pointers: Vec<String> = check_request(&bad).into_iter().map(|e| e.pointer).collect();
+        assert_eq!(pointers, ["/skill", "/budget", "/state", "/labels/a~1b"]);
+    }
+
+    #[test]
+    fn skill_names_cannot_leave_the_skills_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::create_dir_all(dir.join("ok")).unwrap();
+        std::fs::write(dir.join("ok/SKILL.md"), "x").unwrap();
+        assert!(skill_dir(dir, "ok").is_ok());
+        for name in ["..", "../ok", "ok/..", "", "nope"] {
+            let error = skill_dir(dir, name).unwrap_err();
+            assert!(!error.problem().detail.contains(dir.to_str().unwrap()));
+        }
+    }
+}

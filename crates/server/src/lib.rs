@@ -1,0 +1,38 @@
+//! The skillstate service: an HTTP API over the store and the runtime (README, "Running as a
+//! service").
+//!
+//! Other systems create tasks, read their state (ETag = version) and journal, rebuild any
+//! step's state and prompt, and fork, under per-tenant API keys. Every /v1 route needs
+//! `Authorization: Bearer <key>`; a tenant sees only its own tasks (another tenant's task is a
+//! 404, exactly like a missing one); every error is RFC 9457 `application/problem+json`; the
+//! OpenAPI 3.1 document at /openapi.json is generated from the handlers.
+//!
+//! The binary wires it: it opens the store, implements [`TaskFactory`] with its environments
+//! and tool boxes, and calls [`serve`].
+//!
+//! Modules, one concept each: `problem` (errors → problem details), `json` (reading bodies
+//! under the limits), `auth` (keys and tenants), `factory` (create requests → tasks), `views`
+//! (what responses look like), `routes` (the handlers), `openapi` (the document), `app` (the
+//! router, its layers, serving).
+
+mod app;
+mod auth;
+mod factory;
+mod json;
+mod openapi;
+mod problem;
+pub mod routes;
+mod views;
+
+pub use app::{
+    AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_BATCH, DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, ServerConfig, router, serve,
+};
+pub use auth::{Caller, SECRET_PREFIX, hash_secret, new_key_secret};
+pub use factory::{
+    ContextName, CreateTaskRequest, TaskFactory, check_initial_state, check_request, skill_dir,
+};
+pub use json::{nesting_exceeds, parse_body};
+pub use openapi::{ApiDoc, document, document_json};
+pub use problem::{ApiError, FieldError, PROBLEM_JSON, Problem};
+pub use views::*;

@@ -1,0 +1,105 @@
+//! The OpenAPI 3.1 document, generated from the handlers' `#[utoipa::path]` annotations and the
+//! types' `ToSchema` derives, so it cannot drift from the code. Every operation has an
+//! operationId, a summary, its request and response schemas and its problem responses, so the
+//! document imports into tools that consume OpenAPI (client generators, agent frameworks'
+//! OpenAPI toolkits).
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::factory::{ContextName, CreateTaskRequest};
+use crate::problem::{FieldError, Problem};
+use crate::routes::journal::ForkRequest;
+use crate::routes::tasks::BatchCreateRequest;
+use crate::routes::{journal, ops, state, tasks};
+use crate::views::*;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "skillstate",
+        description = "Tasks of LLM agents with explicit, validated state: create and list tasks, read their state (ETag = version), inspect their journal, rebuild any step's state and prompt, fork. Every /v1 route needs `Authorization: Bearer <API key>`; every error is RFC 9457 application/problem+json."
+    ),
+    paths(
+        tasks::create_task,
+        tasks::create_tasks,
+        tasks::list_tasks,
+        tasks::get_task,
+        tasks::delete_task,
+        tasks::cancel_task,
+        state::get_state,
+        journal::list_steps,
+        journal::get_step,
+        journal::state_at_step,
+        journal::prompt_at_step,
+        journal::fork,
+        ops::healthz,
+        ops::readyz,
+        ops::openapi,
+    ),
+    components(schemas(
+        Problem,
+        FieldError,
+        CreateTaskRequest,
+        BatchCreateRequest,
+        ContextName,
+        ForkRequest,
+        TaskView,
+        TaskListItem,
+        TaskPage,
+        CreatedTask,
+        BatchCreated,
+        StatusName,
+        ForkOrigin,
+        StepSummary,
+        StepPage,
+        StepDetail,
+        AnswerView,
+        IntentView,
+        PromptView,
+        Health,
+    )),
+    modifiers(&BearerKey),
+    tags(
+        (name = "tasks", description = "Tasks as wholes"),
+        (name = "state", description = "A task's current state"),
+        (name = "journal", description = "A task's history: steps, time travel, forks"),
+        (name = "operations", description = "Health, readiness and this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The `api_key` security scheme: `Authorization: Bearer <secret>`.
+struct BearerKey;
+
+impl Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("skillstate API key (sk_…)")
+                    .description(Some(
+                        "An API key made with `skillstate keys create`; its tenant owns the tasks it creates",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc
+}
+
+/// The document as JSON text.
+pub fn document_json() -> String {
+    document().to_json().unwrap_or_else(|error| {
+        format!("{{\"error\": \"the OpenAPI document failed to serialise: {error}\"}}")
+    })
+}

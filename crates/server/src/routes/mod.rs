@@ -1,0 +1,97 @@
+//! The handlers, one module per resource, and what they share: finding a task the caller's
+//! tenant owns, and holding a task still while it is changed from outside a runner.
+
+pub mod journal;
+pub mod ops;
+pub mod state;
+pub mod tasks;
+
+use std::time::Duration;
+
+use skillstate_store::{LeaseClaim, StoreError, TaskRecord};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::problem::ApiError;
+
+/// Whether `id` is a task id as the store makes them: a lower-case hyphenated UUID. Anything
+/// else is never passed to the store, whose lookups also accept id prefixes.
+pub(crate) fn is_task_id(id: &str) -> bool {
+    uuid::Uuid::try_parse(id).is_ok_and(|uuid| uuid.hyphenated().to_string() == id)
+}
+
+/// The task `id` if the caller's tenant owns it; a missing task, a malformed id and another
+/// tenant's task (or one created outside the service) are the same 404.
+pub(crate) async fn owned_task(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<TaskRecord, ApiError> {
+    if !is_task_id(id) {
+        return Err(ApiError::no_task(id));
+    }
+    let task = match state.store.task(id).await {
+        Ok(task) => task,
+        Err(StoreError::NotFound(_) | StoreError::Ambiguous { .. }) => {
+            return Err(ApiError::no_task(id));
+        }
+        Err(other) => return Err(other.into()),
+    };
+    if task.id != id || task.tenant.as_deref() != Some(caller.tenant.as_str()) {
+        return Err(ApiError::no_task(id));
+    }
+    Ok(task)
+}
+
+/// A step number from the path.
+pub(crate) fn parse_step(text: &str) -> Result<u64, ApiError> {
+    text.parse::<u64>().map_err(|_| {
+        ApiError::bad_request(format!(
+            "`{text}` is not a step number; steps are counted from 1 (0 is the initial state)"
+        ))
+    })
+}
+
+/// How long the server holds a task's lease while it changes the task (cancel, delete); it
+/// releases it at once, so this bounds only a server that dies in between.
+const HOLD_TTL: Duration = Duration::from_secs(10);
+
+/// The task's execution lease, held by the server for one change made outside any runner, so
+/// no runner (a worker, `skillstate run`) is in the middle of the task meanwhile.
+pub(crate) struct Hold {
+    task: String,
+    token: String,
+}
+
+impl Hold {
+    /// Takes `task`'s lease; 409 with `Retry-After` while a runner holds it.
+    pub(crate) async fn take(
+        state: &AppState,
+        caller: &Caller,
+        task: &str,
+    ) -> Result<Self, ApiError> {
+        let claim = LeaseClaim {
+            token: uuid::Uuid::now_v7().to_string(),
+            holder: format!("skillstate server (API key {})", caller.key_id),
+            // Not a process identity: nobody takes this lease over early; it is released
+            // within the request or expires after HOLD_TTL.
+            process: format!("server {}", std::process::id()),
+        };
+        let ttl_ms = HOLD_TTL.as_millis() as u64;
+        state
+            .store
+            .acquire_lease(task, &claim, ttl_ms, None)
+            .await?;
+        Ok(Self {
+            task: task.to_owned(),
+            token: claim.token,
+        })
+    }
+
+    /// Gives the lease back. A failure is logged: the lease then expires on its own.
+    pub(crate) async fn release(self, state: &AppState) {
+        if let Err(error) = state.store.release_lease(&self.task, &self.token).await {
+            tracing::warn!(task = %self.task, %error, "could not release the server's hold on a task; it expires on its own");
+        }
+    }
+}

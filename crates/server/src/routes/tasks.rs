@@ -1,0 +1,481 @@
+//! Tasks as wholes: create (one or a batch), list, get, cancel, delete.
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use skillstate_store::{NewTask, TaskOwner, TaskQuery, TaskRecord, TaskStatus};
+use utoipa::{IntoParams, ToSchema};
+
+use super::{Hold, is_task_id, owned_task};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::factory::{CreateTaskRequest, check_request, is_label_name};
+use crate::json::{ApiJson, ApiQuery};
+use crate::problem::{ApiError, FieldError, Problem};
+use crate::views::{BatchCreated, CreatedTask, StatusName, TaskListItem, TaskPage, TaskView};
+
+/// The header that makes a retried create return the first task.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Longest Idempotency-Key accepted.
+pub const MAX_IDEMPOTENCY_KEY: usize = 200;
+
+/// Tasks per page when the caller gives no `limit`, and the most it may ask for.
+pub const DEFAULT_PAGE: u32 = 50;
+pub const MAX_PAGE: u32 = 500;
+
+/// Creates a task.
+///
+/// The skill comes from the server's skills directory; the task's skill definition and tools
+/// are frozen now. The task belongs to the API key's tenant. With an `Idempotency-Key`, a
+/// retried create (same tenant, same key) returns the task the first one made, with status
+/// 200 instead of 201; reusing a key for a different skill or model is a 422.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks",
+    operation_id = "createTask",
+    summary = "Create a task",
+    tag = "tasks",
+    params(
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Makes a retried create return the first task (1-200 visible ASCII characters)")
+    ),
+    request_body(content = CreateTaskRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The task was created", body = CreatedTask,
+            headers(("Location" = String, description = "The task's URL"))),
+        (status = 200, description = "The Idempotency-Key was used before: the task it created", body = CreatedTask,
+            headers(("Location" = String, description = "The task's URL"))),
+        (status = 400, description = "Malformed JSON, too deeply nested, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not a JSON body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The request is not valid; `errors` has each problem with its pointer", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_task(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<CreateTaskRequest>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let errors = check_request(&request);
+    if !errors.is_empty() {
+        return Err(ApiError::invalid("the task request is not valid", errors));
+    }
+    let prepared = state.factory.prepare(&request).await?;
+    let (task, created) = create_owned(&state, &caller, &request, prepared, key).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (
+        status,
+        axum::Json(CreatedTask {
+            created,
+            task: TaskView::of(&task),
+        }),
+    )
+        .into_response();
+    set_location(&mut response, &task.id);
+    Ok(response)
+}
+
+/// A batch create.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchCreateRequest {
+    /// The tasks to create, each as for `createTask`.
+    pub tasks: Vec<CreateTaskRequest>,
+}
+
+/// Creates many tasks in one request.
+///
+/// Every task is checked (by the server and the skill) before any is created: one invalid
+/// task refuses the whole batch with a 422 listing every problem, each pointer under
+/// `/tasks/<index>`. Tasks are then created one by one in request order; should that fail
+/// midway (a 5xx), retry with the same `Idempotency-Key`: item *i* uses `<key>/<i>`, so the
+/// tasks created before are returned, not made again.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks:batch",
+    operation_id = "createTasks",
+    summary = "Create many tasks",
+    tag = "tasks",
+    params(
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Makes a retried batch return the tasks it created; item i uses `<key>/<i>`")
+    ),
+    request_body(content = BatchCreateRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "At least one task was created", body = BatchCreated),
+        (status = 200, description = "Every task existed already (a repeated Idempotency-Key)", body = BatchCreated),
+        (status = 400, description = "Malformed JSON, too deeply nested, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not a JSON body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Some task is not valid; nothing was created", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_tasks(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    ApiJson(batch): ApiJson<BatchCreateRequest>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let max = state.config.max_batch;
+    if batch.tasks.is_empty() || batch.tasks.len() > max {
+        return Err(ApiError::invalid(
+            format!("a batch has 1 to {max} tasks"),
+            vec![FieldError::new(
+                "field",
+                "/tasks",
+                format!(
+                    "{} tasks given; send 1 to {max} per request",
+                    batch.tasks.len()
+                ),
+            )],
+        ));
+    }
+    let mut errors = Vec::new();
+    let mut prepared = Vec::with_capacity(batch.tasks.len());
+    for (index, request) in batch.tasks.iter().enumerate() {
+        let prefix = format!("/tasks/{index}");
+        let found = check_request(request);
+        if !found.is_empty() {
+            errors.extend(found.into_iter().map(|e| e.under(&prefix)));
+            continue;
+        }
+        match state.factory.prepare(request).await {
+            Ok(task) => prepared.push(task),
+            Err(ApiError::Invalid { errors: found, .. }) => {
+                errors.extend(found.into_iter().map(|e| e.under(&prefix)));
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::invalid(
+            "some tasks of the batch are not valid; nothing was created",
+            errors,
+        ));
+    }
+    let mut created_any = false;
+    let mut tasks = Vec::with_capacity(prepared.len());
+    for (index, (request, task)) in batch.tasks.iter().zip(prepared).enumerate() {
+        let item_key = key.as_ref().map(|k| format!("{k}/{index}"));
+        let (task, created) = create_owned(&state, &caller, request, task, item_key)
+            .await
+            .map_err(|error| match error {
+                ApiError::Invalid { detail, errors } => ApiError::Invalid {
+                    detail,
+                    errors: errors
+                        .into_iter()
+                        .map(|e| e.under(&format!("/tasks/{index}")))
+                        .collect(),
+                },
+                other => other,
+            })?;
+        created_any |= created;
+        tasks.push(CreatedTask {
+            created,
+            task: TaskView::of(&task),
+        });
+    }
+    let status = if created_any {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(BatchCreated { tasks })).into_response())
+}
+
+/// Stores a prepared task for the caller's tenant; a replayed key must name the same skill and
+/// model as the task it made.
+async fn create_owned(
+    state: &AppState,
+    caller: &Caller,
+    request: &CreateTaskRequest,
+    (task, initial_state): (NewTask, Value),
+    key: Option<String>,
+) -> Result<(TaskRecord, bool), ApiError> {
+    let (skill, model) = (task.skill.name.clone(), task.model.clone());
+    let owner = TaskOwner {
+        tenant: caller.tenant.clone(),
+        idempotency_key: key.clone(),
+        labels: json!(request.labels),
+    };
+    let (record, created) = state
+        .store
+        .create_owned_task(task, &initial_state, &owner)
+        .await?;
+    if !created && (record.skill.name != skill || record.model != model) {
+        return Err(ApiError::invalid(
+            format!(
+                "Idempotency-Key `{}` was used before for another request (task {}: skill `{}`, model `{}`); use a new key for a new task",
+                key.unwrap_or_default(),
+                record.id,
+                record.skill.name,
+                record.model
+            ),
+            Vec::new(),
+        ));
+    }
+    Ok((record, created))
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(key)
+            if (1..=MAX_IDEMPOTENCY_KEY).contains(&key.len())
+                && key.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            Ok(Some(key.to_owned()))
+        }
+        _ => Err(ApiError::bad_request(format!(
+            "the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} visible ASCII characters (a UUID, say)"
+        ))),
+    }
+}
+
+fn set_location(response: &mut Response, id: &str) {
+    if let Ok(value) = HeaderValue::from_str(&format!("/v1/tasks/{id}")) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+}
+
+/// The filters and page of a task listing.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListTasksQuery {
+    /// Only tasks with this status.
+    pub status: Option<StatusName>,
+    /// Only tasks of this skill.
+    pub skill: Option<String>,
+    /// Only tasks with this label: `name:value`.
+    pub label: Option<String>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Tasks per page (1-500, default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+/// Lists the tenant's tasks, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks",
+    operation_id = "listTasks",
+    summary = "List tasks",
+    tag = "tasks",
+    params(ListTasksQuery),
+    responses(
+        (status = 200, description = "A page of tasks, newest first", body = TaskPage),
+        (status = 400, description = "A parameter is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_tasks(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(query): ApiQuery<ListTasksQuery>,
+) -> Result<axum::Json<TaskPage>, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is out of range; give 1 to {MAX_PAGE}"
+        )));
+    }
+    let label = match &query.label {
+        None => None,
+        Some(text) => match text.split_once(':') {
+            Some((name, value)) if is_label_name(name) => Some((name.to_owned(), value.to_owned())),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "label `{text}` is not `name:value` (a label name is letters, digits, `-`, `_`, `.`)"
+                )));
+            }
+        },
+    };
+    if let Some(cursor) = &query.cursor
+        && !is_task_id(cursor)
+    {
+        return Err(ApiError::bad_request(format!(
+            "cursor `{cursor}` is not one this server gave; pass back `next_cursor` unchanged"
+        )));
+    }
+    let mut tasks = state
+        .store
+        .list_tasks_page(&TaskQuery {
+            tenant: Some(caller.tenant.clone()),
+            status: query.status.map(StatusName::status),
+            skill: query.skill.clone(),
+            label,
+            after: query.cursor.clone(),
+            limit: limit + 1,
+        })
+        .await?;
+    let more = tasks.len() > limit as usize;
+    tasks.truncate(limit as usize);
+    let next_cursor = if more {
+        tasks.last().map(|t| t.id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(TaskPage {
+        tasks: tasks.iter().map(TaskListItem::of).collect(),
+        next_cursor,
+    }))
+}
+
+/// Gets a task.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    operation_id = "getTask",
+    summary = "Get a task",
+    tag = "tasks",
+    params(("id" = String, Path, description = "The task's id")),
+    responses(
+        (status = 200, description = "The task", body = TaskView),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_task(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<TaskView>, ApiError> {
+    let task = owned_task(&state, &caller, &id).await?;
+    Ok(axum::Json(TaskView::of(&task)))
+}
+
+/// Deletes a task and everything it owns (journal, snapshots, events).
+///
+/// Refused with 409 while a runner (a worker) holds the task: cancel it first, or retry after
+/// `Retry-After`.
+#[utoipa::path(
+    delete,
+    path = "/v1/tasks/{id}",
+    operation_id = "deleteTask",
+    summary = "Delete a task",
+    tag = "tasks",
+    params(("id" = String, Path, description = "The task's id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A runner is running the task now", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until the runner's lease expires unless renewed"))),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_task(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let task = owned_task(&state, &caller, &id).await?;
+    let hold = Hold::take(&state, &caller, &task.id).await?;
+    let deleted = state.store.delete_task(&task.id).await;
+    if deleted.is_err() {
+        hold.release(&state).await;
+    }
+    deleted?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Cancels a task: it fails with outcome `{"reason": "canceled"}`.
+///
+/// Cancel is a change made outside any runner, so it takes the task's execution lease for the
+/// moment of the write: while a runner (a worker) drives the task, it is refused with 409 and
+/// `Retry-After` (the runner's lease expiry), rather than racing the runner's next commit.
+/// Cancelling a task that was cancelled already returns it unchanged (200); a task that
+/// completed or failed otherwise is 409.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/cancel",
+    operation_id = "cancelTask",
+    summary = "Cancel a task",
+    tag = "tasks",
+    params(("id" = String, Path, description = "The task's id")),
+    responses(
+        (status = 200, description = "The task, now failed with reason `canceled`", body = TaskView),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The task already ended, or a runner is running it now", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "When a runner holds the task: seconds until its lease expires unless renewed"))),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn cancel_task(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<TaskView>, ApiError> {
+    let task = owned_task(&state, &caller, &id).await?;
+    if let Some(view) = already_ended(&task)? {
+        return Ok(axum::Json(view));
+    }
+    let hold = Hold::take(&state, &caller, &task.id).await?;
+    let result = cancel_held(&state, &caller, &task.id).await;
+    hold.release(&state).await;
+    result.map(axum::Json)
+}
+
+/// With the lease held: the task as it is now, cancelled unless it ended meanwhile.
+async fn cancel_held(state: &AppState, caller: &Caller, id: &str) -> Result<TaskView, ApiError> {
+    let task = state.store.task(id).await?;
+    if let Some(view) = already_ended(&task)? {
+        return Ok(view);
+    }
+    let outcome = json!({"reason": "canceled", "by": caller.key_id});
+    state
+        .store
+        .set_status(id, TaskStatus::Failed, Some(&outcome))
+        .await?;
+    Ok(TaskView::of(&state.store.task(id).await?))
+}
+
+/// `Some` for a task cancelled before (cancel is idempotent), an error for one that ended
+/// otherwise, `None` for one that can be cancelled.
+fn already_ended(task: &TaskRecord) -> Result<Option<TaskView>, ApiError> {
+    if !task.status.is_terminal() {
+        return Ok(None);
+    }
+    let reason = task
+        .outcome
+        .as_ref()
+        .and_then(|o| o.get("reason"))
+        .and_then(Value::as_str);
+    if task.status == TaskStatus::Failed && reason == Some("canceled") {
+        return Ok(Some(TaskView::of(task)));
+    }
+    Err(ApiError::conflict(format!(
+        "the task already {}; there is nothing to cancel (fork it to continue from a step)",
+        match task.status {
+            TaskStatus::Completed => "completed",
+            _ => "failed",
+        }
+    )))
+}

@@ -1,0 +1,339 @@
+//! What the API answers with: the JSON representations of tasks, steps and pages, each
+//! described in the OpenAPI document. Times are RFC 3339 UTC with whole seconds.
+
+use serde::Serialize;
+use serde_json::Value;
+use skillstate_store::{
+    IntentRecord, JournalEntry, TaskRecord, TaskStatus, TaskSummary, Verdict, time,
+};
+use utoipa::ToSchema;
+
+/// A task's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusName {
+    Running,
+    Completed,
+    Failed,
+    AwaitingInput,
+    AwaitingApproval,
+}
+
+impl StatusName {
+    pub fn of(status: TaskStatus) -> Self {
+        match status {
+            TaskStatus::Running => StatusName::Running,
+            TaskStatus::Completed => StatusName::Completed,
+            TaskStatus::Failed => StatusName::Failed,
+            TaskStatus::AwaitingInput => StatusName::AwaitingInput,
+            TaskStatus::AwaitingApproval => StatusName::AwaitingApproval,
+        }
+    }
+
+    pub fn status(self) -> TaskStatus {
+        match self {
+            StatusName::Running => TaskStatus::Running,
+            StatusName::Completed => TaskStatus::Completed,
+            StatusName::Failed => TaskStatus::Failed,
+            StatusName::AwaitingInput => TaskStatus::AwaitingInput,
+            StatusName::AwaitingApproval => TaskStatus::AwaitingApproval,
+        }
+    }
+}
+
+/// `2026-11-30T17:02:11Z`.
+pub fn rfc3339(millis: i64) -> String {
+    time::utc(millis).replacen(' ', "T", 1)
+}
+
+/// A task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    pub id: String,
+    /// The skill's name.
+    pub skill: String,
+    pub model: String,
+    /// The context strategy.
+    pub context: String,
+    pub status: StatusName,
+    /// Accepted steps so far; the state's version (its ETag).
+    pub version: u64,
+    /// Why the task ended or paused (`{"reason": ...}`), when it did.
+    pub outcome: Option<Value>,
+    /// The task this one was forked from, and at which step.
+    pub parent: Option<ForkOrigin>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+}
+
+/// Where a forked task came from.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ForkOrigin {
+    pub task: String,
+    pub step: u64,
+}
+
+impl TaskView {
+    pub fn of(task: &TaskRecord) -> Self {
+        Self {
+            id: task.id.clone(),
+            skill: task.skill.name.clone(),
+            model: task.model.clone(),
+            context: task.context.as_str().to_owned(),
+            status: StatusName::of(task.status),
+            version: task.version,
+            outcome: task.outcome.clone(),
+            parent: task.parent.as_ref().map(|(task, step)| ForkOrigin {
+                task: task.clone(),
+                step: *step,
+            }),
+            created_at: rfc3339(task.created_at),
+            updated_at: rfc3339(task.updated_at),
+        }
+    }
+}
+
+/// One task of a listing.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskListItem {
+    pub id: String,
+    pub skill: String,
+    pub model: String,
+    /// `null` when the stored row cannot be read (`problem` says why).
+    pub status: Option<StatusName>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    pub version: u64,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+}
+
+impl TaskListItem {
+    pub fn of(task: &TaskSummary) -> Self {
+        Self {
+            id: task.id.clone(),
+            skill: task.skill_name.clone(),
+            model: task.model.clone(),
+            status: task.status.map(StatusName::of),
+            // The store's reason names a column; say only that the row is unreadable.
+            problem: task
+                .problem
+                .as_ref()
+                .map(|_| "the stored task row is unreadable".to_owned()),
+            version: task.version,
+            created_at: rfc3339(task.created_at),
+            updated_at: rfc3339(task.updated_at),
+        }
+    }
+}
+
+/// A page of tasks, newest first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskPage {
+    pub tasks: Vec<TaskListItem>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A created (or, for a repeated Idempotency-Key, the earlier) task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CreatedTask {
+    /// `false` when the Idempotency-Key was used before and this is the task it created.
+    pub created: bool,
+    pub task: TaskView,
+}
+
+/// The tasks of a batch create, in request order.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchCreated {
+    pub tasks: Vec<CreatedTask>,
+}
+
+/// Who wrote an accepted step or answer.
+pub fn author_of(entry: &JournalEntry) -> Option<String> {
+    entry.author.clone()
+}
+
+fn verdict_name(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Accepted => "accepted",
+        Verdict::Rejected => "rejected",
+    }
+}
+
+/// One step of a task, in a listing.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StepSummary {
+    pub step: u64,
+    /// `accepted` once an answer was accepted (the step is committed), else `rejected`.
+    pub verdict: String,
+    /// Answers in this step, rejected ones included.
+    pub answers: u32,
+    /// The accepted (else the last) answer's action, as `{"tool", "args"}`.
+    pub action: Option<Value>,
+    /// `null` for the model; the API key id for state written through the API.
+    pub author: Option<String>,
+    pub prompt_tokens: u64,
+    pub output_tokens: Option<u64>,
+    pub latency_ms: u64,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+}
+
+impl StepSummary {
+    /// The summary of one step's answers (non-empty, in attempt order).
+    pub fn of(answers: &[&JournalEntry]) -> Option<Self> {
+        let last = answers.last()?;
+        let accepted = answers.iter().find(|e| e.verdict == Verdict::Accepted);
+        let shown = accepted.unwrap_or(last);
+        Some(Self {
+            step: shown.step,
+            verdict: verdict_name(if accepted.is_some() {
+                Verdict::Accepted
+            } else {
+                Verdict::Rejected
+            })
+            .to_owned(),
+            answers: answers.len() as u32,
+            action: shown.action.clone(),
+            author: author_of(shown),
+            prompt_tokens: shown.prompt_tokens,
+            output_tokens: shown.output_tokens,
+            latency_ms: shown.latency_ms,
+            created_at: rfc3339(shown.created_at),
+        })
+    }
+}
+
+/// A page of steps, in step order.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StepPage {
+    pub steps: Vec<StepSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One answer of a step, as journaled.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AnswerView {
+    pub attempt: u32,
+    /// `accepted` or `rejected`.
+    pub verdict: String,
+    /// The answer as the model wrote it (reasoning included; secrets already redacted).
+    pub output: String,
+    /// The state patch (RFC 7396 merge patch or RFC 6902 operations).
+    pub patch: Option<Value>,
+    /// The action, as `{"tool", "args"}`.
+    pub action: Option<Value>,
+    /// Why a rejected answer was rejected: `[{kind, document, pointer, message}]`.
+    pub errors: Option<Value>,
+    /// SHA-256 of the state after an accepted answer.
+    pub state_hash: Option<String>,
+    /// SHA-256 of the prompt the model received.
+    pub prompt_hash: String,
+    /// The prompt, in o200k_base tokens counted locally.
+    pub prompt_tokens: u64,
+    /// The answer, in o200k_base tokens (`null` on rows from before it was counted).
+    pub output_tokens: Option<u64>,
+    /// What the provider reported (input, output, cached tokens), if anything.
+    pub usage: Option<Value>,
+    pub latency_ms: u64,
+    /// `null` for the model; the API key id for state written through the API.
+    pub author: Option<String>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+}
+
+impl AnswerView {
+    pub fn of(entry: &JournalEntry) -> Self {
+        Self {
+            attempt: entry.attempt,
+            verdict: verdict_name(entry.verdict).to_owned(),
+            output: entry.output.clone(),
+            patch: entry.patch.clone(),
+            action: entry.action.clone(),
+            errors: entry.errors.clone(),
+            state_hash: entry.state_hash.clone(),
+            prompt_hash: entry.prompt_hash.clone(),
+            prompt_tokens: entry.prompt_tokens,
+            output_tokens: entry.output_tokens,
+            usage: entry.usage.clone(),
+            latency_ms: entry.latency_ms,
+            author: author_of(entry),
+            created_at: rfc3339(entry.created_at),
+        }
+    }
+}
+
+/// The action an accepted step committed, and its result once recorded.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct IntentView {
+    pub tool: String,
+    pub args: Value,
+    /// `read_only`, `idempotent` or `effectful` (the tool's side-effect class).
+    pub side_effect: String,
+    /// `<task>:<step>`, passed to the tool.
+    pub idempotency_key: String,
+    /// Whether the result is recorded; `false` while the action runs or waits (approval, a
+    /// reply).
+    pub done: bool,
+    pub ok: Option<bool>,
+    /// The tool's result: the next step's observation.
+    pub result: Option<String>,
+}
+
+impl IntentView {
+    pub fn of(intent: &IntentRecord) -> Self {
+        Self {
+            tool: intent.tool.clone(),
+            args: intent.args.clone(),
+            side_effect: intent.side_effect.clone(),
+            idempotency_key: intent.idempotency_key.clone(),
+            done: intent.done,
+            ok: intent.ok,
+            result: intent.result.clone(),
+        }
+    }
+}
+
+/// One step in full.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StepDetail {
+    pub step: u64,
+    /// The observation the step started from, in full (prompts show it cut to the budget).
+    pub observation: Option<String>,
+    /// The accepted answer; `null` while the step is not committed.
+    pub accepted: Option<AnswerView>,
+    /// The rejected answers, in attempt order.
+    pub rejected: Vec<AnswerView>,
+    /// The committed action and its result.
+    pub intent: Option<IntentView>,
+}
+
+/// A prompt rebuilt from the journal.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PromptView {
+    pub step: u64,
+    pub attempt: u32,
+    /// The prompt's exact text.
+    pub text: String,
+    /// SHA-256 of `text`.
+    pub sha256: String,
+    /// SHA-256 recorded when the model received the prompt.
+    pub recorded_sha256: String,
+    /// Whether the rebuilt prompt is byte-identical to what the model received.
+    pub identical: bool,
+    /// The prompt's o200k_base tokens, as counted when the model received it.
+    pub tokens: u64,
+}
+
+/// Health and readiness.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+}
