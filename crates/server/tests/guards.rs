@@ -620,3 +620,56 @@ async fn graceful_shutdown_returns_within_the_grace_period() {
     socket.stop().await;
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// A factory that takes too long, or panics with an internal detail in its message.
+struct Misbehaving {
+    panic: bool,
+}
+
+#[async_trait::async_trait]
+impl skillstate_server::TaskFactory for Misbehaving {
+    async fn prepare(
+        &self,
+        _request: &skillstate_server::CreateTaskRequest,
+    ) -> Result<(skillstate_store::NewTask, Value), skillstate_server::ApiError> {
+        if self.panic {
+            panic!("internal detail: /srv/secret/path SELECT * FROM api_keys");
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Err(skillstate_server::ApiError::Internal("too late".into()))
+    }
+}
+
+#[tokio::test]
+async fn timeouts_and_panics_are_problems_that_reveal_nothing() {
+    let harness = Harness::new(Db::sqlite().await).await;
+    let (key, _) = harness.key("acme").await;
+    for panic in [false, true] {
+        let config = ServerConfig {
+            request_timeout: Duration::from_millis(200),
+            ..ServerConfig::default()
+        };
+        let state = skillstate_server::AppState::with_config(
+            harness.store(),
+            std::sync::Arc::new(Misbehaving { panic }),
+            config,
+        );
+        let api = InProcess(skillstate_server::router(state));
+        let started = std::time::Instant::now();
+        let reply = api
+            .send(Call::post("/v1/tasks", &warehouse(2)).key(&key))
+            .await;
+        if panic {
+            let problem = reply.problem(500);
+            assert!(!problem.to_string().contains("secret"), "{problem}");
+            assert!(!problem.to_string().contains("SELECT"), "{problem}");
+        } else {
+            let problem = reply.problem(503);
+            assert!(
+                problem["detail"].as_str().unwrap().contains("longer"),
+                "{problem}"
+            );
+            assert!(started.elapsed() < Duration::from_secs(3));
+        }
+    }
+}

@@ -6,8 +6,12 @@
 
 mod support;
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 use skillstate_core::json::state_hash;
+use skillstate_envs::warehouse::{WarehouseConfig, generate_events, reference_answer};
+use skillstate_providers::ScriptedModel;
 use skillstate_store::{Verdict, state_at};
 use support::*;
 
@@ -321,4 +325,65 @@ async fn lifecycle(harness: &Harness, api: &dyn Transport) {
         .send(Call::get(format!("/v1/tasks/{id}")).key(&key))
         .await;
     assert_eq!(original.expect(200).json()["version"], version);
+}
+
+/// A step with a rejected answer: the step lists both answers, the rejection's errors, and
+/// the prompt of the retry (which shows the errors) is rebuilt byte for byte.
+#[tokio::test]
+async fn rejected_answers_and_the_prompt_of_a_retry() {
+    let harness = Harness::new(Db::sqlite().await).await;
+    let api = InProcess(harness.router());
+    let (key, _) = harness.key("acme").await;
+    let request =
+        json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 5, "events": 2}});
+    let created = api.send(Call::post("/v1/tasks", &request).key(&key)).await;
+    let id = created.expect(201).json()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let config = WarehouseConfig::new(5, 2);
+    let mut answers = vec!["no JSON here".to_owned()];
+    answers.extend(generate_events(&config).iter().map(reference_answer));
+    let model = ScriptedModel::from_outputs("answers.jsonl".into(), answers);
+    run_with(harness.store(), &id, Arc::new(model)).await;
+
+    let list = api
+        .send(Call::get(format!("/v1/tasks/{id}/steps")).key(&key))
+        .await;
+    let first = list.expect(200).json()["steps"][0].clone();
+    assert_eq!(first["step"], 1);
+    assert_eq!(first["answers"], 2);
+    assert_eq!(first["verdict"], "accepted");
+    let step = api
+        .send(Call::get(format!("/v1/tasks/{id}/steps/1")).key(&key))
+        .await;
+    let step = step.expect(200).json();
+    assert_eq!(step["rejected"].as_array().unwrap().len(), 1);
+    assert_eq!(step["rejected"][0]["attempt"], 1);
+    assert_eq!(step["rejected"][0]["output"], "no JSON here");
+    assert!(
+        step["rejected"][0]["errors"][0]["kind"].is_string(),
+        "{step}"
+    );
+    assert_eq!(step["accepted"]["attempt"], 2);
+
+    let retry = api
+        .send(Call::get(format!("/v1/tasks/{id}/steps/1/prompt?attempt=2")).key(&key))
+        .await;
+    let retry = retry.expect(200).json();
+    assert_eq!(retry["identical"], true);
+    let default = api
+        .send(Call::get(format!("/v1/tasks/{id}/steps/1/prompt")).key(&key))
+        .await;
+    assert_eq!(default.expect(200).json()["attempt"], 2);
+    let first_try = api
+        .send(Call::get(format!("/v1/tasks/{id}/steps/1/prompt?attempt=1")).key(&key))
+        .await;
+    let first_try = first_try.expect(200).json();
+    assert_eq!(first_try["identical"], true);
+    assert_ne!(first_try["sha256"], retry["sha256"]);
+    let bad = api
+        .send(Call::get(format!("/v1/tasks/{id}/steps/1/prompt?attempt=x")).key(&key))
+        .await;
+    bad.problem(400);
 }

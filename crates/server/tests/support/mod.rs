@@ -20,6 +20,7 @@ use serde_json::Value;
 use skillstate_core::Skill;
 use skillstate_core::skill::EnvironmentSettings;
 use skillstate_envs::oracle::OracleModel;
+use skillstate_providers::ModelProvider;
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
 use skillstate_server::{
     ApiError, AppState, CreateTaskRequest, FieldError, ServerConfig, TaskFactory,
@@ -114,9 +115,14 @@ pub fn world_of(task: &TaskRecord) -> Option<Box<dyn Environment>> {
 
 /// Runs a stored task to its end in-process with the oracle, as a worker would.
 pub async fn run_to_end(store: Arc<dyn Store>, task_id: &str) {
+    let model = Arc::new(OracleModel::for_environment("warehouse").unwrap());
+    run_with(store, task_id, model).await;
+}
+
+/// Runs a stored task to its end in-process with `model`.
+pub async fn run_with(store: Arc<dyn Store>, task_id: &str, model: Arc<dyn ModelProvider>) {
     let task = store.task(task_id).await.unwrap();
     let mut env = world_of(&task).expect("a built-in environment");
-    let model = Arc::new(OracleModel::for_environment("warehouse").unwrap());
     let mut observer = NoProgress;
     Runner::new(store, model, env.as_mut(), &mut observer)
         .run(task_id)
