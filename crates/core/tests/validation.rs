@@ -355,5 +355,8 @@ fn a_direct_patch_gets_the_same_verdicts_as_a_models_patch() {
             (model, direct) => panic!("{patch}: model {model:?} vs direct {direct:?}"),
         }
     }
-    assert!(accepted >= 2 && rejected >= 4, "{accepted} accepted, {rejected} rejected");
+    assert!(
+        accepted >= 2 && rejected >= 4,
+        "{accepted} accepted, {rejected} rejected"
+    );
 }

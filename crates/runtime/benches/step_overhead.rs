@@ -130,6 +130,7 @@ fn bench(c: &mut Criterion) {
                         }),
                         status: None,
                         previous_result: None,
+                        next_observation: None,
                     };
                     runtime
                         .block_on(store.commit_step(&task.id, version, &commit))

@@ -10,6 +10,7 @@ mod pauses;
 mod rate;
 mod recovery;
 mod select;
+mod state_write;
 mod step_loop;
 mod worker;
 
@@ -20,6 +21,7 @@ pub use lineage::{JournalCheck, fork_task, verify_journal};
 pub use rate::SharedRateLimit;
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
+pub use state_write::{StateWrite, StateWriteError, write_state};
 pub use step_loop::{
     NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, prepare_task, start_task,
 };

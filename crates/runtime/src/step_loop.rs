@@ -334,7 +334,10 @@ impl<'a> Runner<'a> {
         // step's store work does not grow with the steps already taken. Only one runner drives
         // a task (the lease), so nothing else appends to the journal meanwhile.
         let journal = self.store.journal(&task.id).await?;
-        self.model.skip_calls(journal.len());
+        // Only the model's own answers were calls to it (state written through the service is
+        // journaled too, with its author).
+        self.model
+            .skip_calls(journal.iter().filter(|e| e.author.is_none()).count());
         let earlier = Attempts::at(&journal, task.version + 1);
         let journal = task.context.uses_turns().then_some(journal);
 
@@ -372,7 +375,9 @@ impl<'a> Runner<'a> {
         turns: &mut Vec<Turn>,
         earlier: Attempts,
     ) -> Result<(), RuntimeError> {
-        let driven = self.drive_steps(task, frame, env_tools, turns, earlier).await;
+        let driven = self
+            .drive_steps(task, frame, env_tools, turns, earlier)
+            .await;
         if self.check_lease().is_err() {
             self.held_result = None;
             return driven;
@@ -673,6 +678,7 @@ impl<'a> Runner<'a> {
                 .take()
                 .filter(|(of, _)| of == task)
                 .map(|(_, result)| result),
+            next_observation: None,
         };
         self.check_lease()?;
         self.store.commit_step(task, *version, &commit).await?;
@@ -697,7 +703,9 @@ impl<'a> Runner<'a> {
             if repeatable {
                 self.held_result = Some((task.to_owned(), action_result));
             } else {
-                self.store.record_action_result(task, &action_result).await?;
+                self.store
+                    .record_action_result(task, &action_result)
+                    .await?;
             }
         }
         Ok((StepEnd::Continue, result))

@@ -159,6 +159,9 @@ pub struct StepCommit {
     /// crash in between leaves that intent pending, and resuming runs such a tool again), so
     /// a step costs one durable write instead of two.
     pub previous_result: Option<ActionResult>,
+    /// The observation the next step starts from, for a step with no action to produce one
+    /// (state written through the service carries the task's pending observation over).
+    pub next_observation: Option<String>,
 }
 
 /// What a finished tool call writes, in one transaction.

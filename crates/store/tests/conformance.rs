@@ -315,6 +315,7 @@ fn step_commit(step: u64, state: &Value, patch: Value, with_intent: bool) -> Ste
         }),
         status: None,
         previous_result: None,
+        next_observation: None,
     }
 }
 
@@ -632,6 +633,38 @@ async fn a_held_back_result_lands_with_the_next_step_or_not_at_all() -> anyhow::
     .await
 }
 
+/// A step with no action (state written through the service) may carry the observation the
+/// step after it starts from; it is written with the step, or not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_without_an_action_carries_the_next_observation() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({});
+        let task = store.create_task(new_task(), &initial).await?;
+        let mut write = step_commit(1, &initial, json!({"a": 1}), false);
+        write.entry.author = Some("key-7".into());
+        write.next_observation = Some("start, carried".into());
+        let mut stale = write.clone();
+        stale.next_observation = Some("never".into());
+        match store.commit_step(&task.id, 5, &stale).await {
+            Err(StoreError::Conflict { .. }) => {}
+            other => bail!("expected Conflict, got {other:?}"),
+        }
+        assert_eq!(store.observation(&task.id, 2).await?, None);
+        store.commit_step(&task.id, 0, &write).await?;
+        assert_eq!(
+            store.observation(&task.id, 2).await?.as_deref(),
+            Some("start, carried")
+        );
+        assert_eq!(
+            store.journal(&task.id).await?[0].author.as_deref(),
+            Some("key-7")
+        );
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_are_journaled_and_leave_the_state_untouched() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
@@ -875,6 +908,7 @@ async fn rebuild_every_step(db: &Db, patches: Vec<Value>, every: u64) -> Result<
             intent: None,
             status: None,
             previous_result: None,
+            next_observation: None,
         };
         store
             .commit_step(&task.id, step - 1, &commit)

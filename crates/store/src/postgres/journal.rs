@@ -200,6 +200,14 @@ impl Journal for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
+        if let Some(text) = &commit.next_observation {
+            sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3)")
+                .bind(task)
+                .bind((next_version + 1) as i64)
+                .bind(text)
+                .execute(&mut *tx)
+                .await?;
+        }
         let next = Some(next_version as i64);
         events.push(("step", next, step_data_of(&commit.entry)));
         if let (Some((new_status, _)), Some(before)) = (&commit.status, &before)

@@ -122,6 +122,7 @@ pub(super) struct Step {
     intent: Option<(String, String, String, String)>,
     /// The previous step's action result, written first.
     previous: Option<ActionDone>,
+    next_observation: Option<String>,
     now: i64,
 }
 
@@ -167,6 +168,7 @@ impl Step {
                 .previous_result
                 .as_ref()
                 .map(|result| ActionDone::new(task, result, now)),
+            next_observation: commit.next_observation.clone(),
             now,
         }
     }
@@ -222,6 +224,10 @@ impl Step {
                 "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)",
             )?
             .execute(params![self.task, next, self.state, hash])?;
+        }
+        if let Some(text) = &self.next_observation {
+            conn.prepare_cached("INSERT INTO observations (task_id, step, text) VALUES (?, ?, ?)")?
+                .execute(params![self.task, next + 1, text])?;
         }
         insert_event(conn, &self.task, "step", &self.event, self.now)?;
         if let (Some(status), Some(before)) = (self.status, &before)
