@@ -190,6 +190,9 @@ pub trait Queue: Send + Sync {
     /// Queues again every task of `batch` that failed (status `failed`), claimable now, and
     /// reopens the batch. Returns how many were queued.
     async fn requeue_failed(&self, batch: &str) -> Result<u64>;
+    /// Queues one task (full id) for workers, claimable at once (a waiting backoff is
+    /// dropped); a worker holding it keeps it. `NotFound` for an unknown task.
+    async fn queue_task(&self, task: &str) -> Result<()>;
     /// Every task of the batch, in creation order.
     async fn batch_tasks(&self, batch: &str) -> Result<Vec<BatchTask>>;
     /// The earliest `not_before` among claimable-later tasks (of `batch`, when given), so an

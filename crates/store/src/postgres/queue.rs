@@ -260,6 +260,18 @@ impl Queue for PostgresStore {
         Ok(())
     }
 
+    async fn queue_task(&self, task: &str) -> Result<()> {
+        let updated =
+            sqlx::query("UPDATE tasks SET queue = 'queued', not_before = NULL WHERE id = $1")
+                .bind(task)
+                .execute(&self.pool)
+                .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        Ok(())
+    }
+
     async fn requeue_failed(&self, batch: &str) -> Result<u64> {
         let mut tx = self.pool.begin().await?;
         let reopened =

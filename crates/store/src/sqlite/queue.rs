@@ -164,6 +164,19 @@ impl Queue for SqliteStore {
         Ok(())
     }
 
+    async fn queue_task(&self, task: &str) -> Result<()> {
+        let mut conn = self.write_conn().await?;
+        let updated =
+            sqlx::query("UPDATE tasks SET queue = 'queued', not_before = NULL WHERE id = ?")
+                .bind(task)
+                .execute(&mut *conn)
+                .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
+        Ok(())
+    }
+
     async fn requeue_failed(&self, batch: &str) -> Result<u64> {
         let now = now_millis();
         let mut conn = self.write_conn().await?;

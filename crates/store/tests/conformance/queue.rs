@@ -563,3 +563,25 @@ async fn enqueueing_is_all_or_nothing_and_fast() -> anyhow::Result<()> {
     })
     .await
 }
+
+/// A single task (one the service created, not part of a batch) is queued on demand and then
+/// claimed like any other; an unknown task is `NotFound`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_task_is_queued_on_demand_and_claimed() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        assert!(claim_one(store.as_ref(), "w1", None).await?.is_none());
+        store.queue_task(&task.id).await?;
+        store.queue_task(&task.id).await?;
+        let claimed = claim_one(store.as_ref(), "w1", None).await?;
+        assert_eq!(claimed.map(|c| c.task_id), Some(task.id.clone()));
+        assert!(claim_one(store.as_ref(), "w2", None).await?.is_none());
+        match store.queue_task("0000").await {
+            Err(StoreError::NotFound(_)) => {}
+            other => bail!("expected NotFound, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
+}
