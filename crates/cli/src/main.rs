@@ -71,6 +71,11 @@ enum Command {
     Batches,
     /// Claim queued tasks from the database and run them; SIGTERM or Ctrl-C drains.
     Worker(commands::worker::WorkerArgs),
+    /// Serve the HTTP API (tasks, state, journal) with embedded workers.
+    Serve(commands::serve::ServeArgs),
+    /// API keys of the service, per tenant: create, list, revoke.
+    #[command(subcommand)]
+    Keys(commands::keys::KeysCommand),
 }
 
 /// Makes this process non-dumpable, before any thread or child exists: its /proc entries
@@ -159,6 +164,12 @@ fn main() -> ExitCode {
             Command::Batches => commands::batch::list(&cli.db, cli.config.as_deref()).await,
             Command::Worker(args) => {
                 commands::worker::run(&cli.db, cli.config.as_deref(), args).await
+            }
+            Command::Serve(args) => {
+                commands::serve::run(&cli.db, cli.config.as_deref(), args).await
+            }
+            Command::Keys(command) => {
+                commands::keys::run(&cli.db, cli.config.as_deref(), command).await
             }
         }
     });

@@ -356,6 +356,7 @@ async fn batch_of(
 
 /// Runs one claimed task and settles its claim. Errors are the store's (the database is gone);
 /// a task that cannot run is recorded as failed instead.
+#[allow(clippy::too_many_arguments)]
 async fn run_one(
     store: Arc<dyn Store>,
     host: Arc<dyn TaskHost>,

@@ -1,7 +1,9 @@
 pub mod batch;
 pub mod bench;
+pub mod keys;
 pub mod lineage;
 pub mod run;
+pub mod serve;
 pub mod show;
 pub mod tasks;
 pub mod tools;

@@ -92,7 +92,7 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
 }
 
 /// The task one input describes, without storing it.
-fn prepare_one(
+pub(crate) fn prepare_one(
     skill: &Skill,
     environment: Option<&EnvironmentSettings>,
     toolbox: Option<&Toolbox>,

@@ -1,0 +1,192 @@
+//! `skillstate serve`: the HTTP service (crates/server) over this database, with embedded
+//! workers running the tasks it creates. The server knows requests, tenants and the store; this
+//! module only wires it: skills from a directory, worlds and models as `run` and `worker` build
+//! them, signals → graceful shutdown.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use skillstate_core::Skill;
+use skillstate_runtime::{StopLevel, TaskOptions, run_worker};
+use skillstate_server::{
+    ApiError, AppState, CreateTaskRequest, FieldError, ServerConfig, TaskFactory,
+    check_initial_state, skill_dir,
+};
+use skillstate_store::NewTask;
+
+use super::batch::inputs::{Source, TaskInput};
+use super::batch::submit::prepare_one;
+use super::worker::{CliHost, stop_on_signals, worker_options};
+use crate::config::{Config, load_config, open_store};
+use crate::model::build_model;
+use crate::toolbox;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// The directory whose skills create requests name (`"skill": "warehouse"` is
+    /// `<skills>/warehouse`).
+    #[arg(long, default_value = "skills")]
+    skills: PathBuf,
+    /// Tasks the embedded worker runs at once; 0 serves the API only (run `skillstate worker`
+    /// against the same database elsewhere).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=4096))]
+    workers: u16,
+}
+
+/// Builds tasks for create requests from the skills directory, as `batch submit` builds them
+/// from a batch file's inputs.
+struct SkillsFactory {
+    skills: PathBuf,
+    config: Config,
+}
+
+fn invalid(pointer: &str, message: String) -> ApiError {
+    ApiError::Invalid {
+        detail: message.clone(),
+        errors: vec![FieldError::new("field", pointer, message)],
+    }
+}
+
+#[async_trait]
+impl TaskFactory for SkillsFactory {
+    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+        let dir = skill_dir(&self.skills, &request.skill)?;
+        let skill = Skill::load(&dir)
+            .map_err(|errors| invalid("/skill", format!("skill `{}`: {errors}", request.skill)))?
+            .skill;
+        if let Some(state) = &request.state {
+            check_initial_state(&skill, state)?;
+        }
+        let environment = skill.settings().environment.clone();
+        let model = build_model(
+            &request.model,
+            &self.config.model,
+            environment.as_ref().map(|e| e.kind.as_str()),
+        )
+        .map_err(|e| invalid("/model", format!("{e:#}")))?;
+        let options = TaskOptions {
+            model: model.spec(),
+            context: request.context.strategy(),
+            context_budget: request.budget.and_then(|b| usize::try_from(b).ok()),
+            environment: None,
+            secrets: self.config.secrets(),
+        };
+        let toolbox = match &environment {
+            Some(_) => None,
+            None => {
+                let work = toolbox::work_dir(skill.settings(), Some(&dir), None)
+                    .map_err(|e| invalid("/skill", format!("{e:#}")))?;
+                Some(
+                    toolbox::build(skill.settings(), &work, &self.config)
+                        .await
+                        .map_err(|e| invalid("/skill", format!("{e:#}")))?,
+                )
+            }
+        };
+        let input = TaskInput {
+            source: Source::Line(0),
+            at: "request".into(),
+            input: request.input.clone(),
+            state: request.state.clone(),
+            labels: request
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect::<Map<String, Value>>(),
+            environment: request
+                .environment
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            max_steps: None,
+            max_retries: None,
+        };
+        let prepared = prepare_one(
+            &skill,
+            environment.as_ref(),
+            toolbox.as_ref(),
+            &options,
+            &input,
+        );
+        if let Some(toolbox) = &toolbox {
+            toolbox.shutdown().await;
+        }
+        // The message names the request field it is about (`request: input: ...`).
+        let queued = prepared.map_err(|e| {
+            let message = format!("{e:#}");
+            let field = message
+                .strip_prefix("request: ")
+                .and_then(|rest| rest.split(':').next())
+                .filter(|f| ["input", "environment", "state"].contains(f))
+                .map(|f| format!("/{f}"))
+                .unwrap_or_default();
+            invalid(&field, message)
+        })?;
+        Ok((queued.task, queued.initial_state))
+    }
+}
+
+pub async fn run(db: &str, config_path: Option<&Path>, args: ServeArgs) -> Result<ExitCode> {
+    let config = load_config(config_path)?;
+    let store = open_store(db, &config).await?;
+    let skills = args
+        .skills
+        .canonicalize()
+        .with_context(|| format!("--skills {}: no such directory", args.skills.display()))?;
+    let factory = Arc::new(SkillsFactory {
+        skills: skills.clone(),
+        config: config.clone(),
+    });
+    let state = AppState::with_config(store.clone(), factory, ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.addr))?;
+    let address = listener.local_addr()?;
+    let mut stop = stop_on_signals("serve");
+    let worker = (args.workers > 0).then(|| {
+        let options = worker_options(&config, "skillstate serve", usize::from(args.workers));
+        tokio::spawn(run_worker(
+            store.clone(),
+            Arc::new(CliHost::new(config.clone())),
+            options,
+            stop.clone(),
+            None,
+        ))
+    });
+    errln!(
+        "serving http://{address} (skills from {}, database {db}, {} worker slots); Ctrl-C or SIGTERM stops",
+        skills.display(),
+        args.workers
+    );
+    let shutdown = async move {
+        while *stop.borrow() == StopLevel::Run {
+            if stop.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    skillstate_server::serve(listener, state, shutdown)
+        .await
+        .context("the server stopped")?;
+    if let Some(worker) = worker {
+        match worker.await {
+            Ok(Ok(stats)) => errln!(
+                "serve: workers stopped ({} completed, {} failed, {} released)",
+                stats.completed,
+                stats.failed,
+                stats.released
+            ),
+            Ok(Err(error)) => errln!("serve: the worker stopped: {error}"),
+            Err(error) => errln!("serve: the worker ended abnormally: {error}"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
