@@ -100,7 +100,10 @@ pub fn router(state: AppState) -> Router {
             get(tasks::get_task).delete(tasks::delete_task),
         )
         .route("/v1/tasks/{id}/cancel", post(tasks::cancel_task))
-        .route("/v1/tasks/{id}/state", get(state::get_state))
+        .route(
+            "/v1/tasks/{id}/state",
+            get(state::get_state).patch(state::patch_state),
+        )
         .route("/v1/tasks/{id}/steps", get(journal::list_steps))
         .route("/v1/tasks/{id}/steps/{step}", get(journal::get_step))
         .route(

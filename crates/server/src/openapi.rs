@@ -28,6 +28,7 @@ use crate::views::*;
         tasks::delete_task,
         tasks::cancel_task,
         state::get_state,
+        state::patch_state,
         journal::list_steps,
         journal::get_step,
         journal::state_at_step,

@@ -36,6 +36,11 @@ fn task_routes(id: &str) -> Vec<(Method, String, Option<Value>)> {
         (Method::DELETE, format!("/v1/tasks/{id}"), None),
         (Method::POST, format!("/v1/tasks/{id}/cancel"), None),
         (Method::GET, format!("/v1/tasks/{id}/state"), None),
+        (
+            Method::PATCH,
+            format!("/v1/tasks/{id}/state"),
+            Some(json!({})),
+        ),
         (Method::GET, format!("/v1/tasks/{id}/steps"), None),
         (Method::GET, format!("/v1/tasks/{id}/steps/1"), None),
         (Method::GET, format!("/v1/tasks/{id}/steps/0/state"), None),
@@ -49,7 +54,7 @@ fn task_routes(id: &str) -> Vec<(Method, String, Option<Value>)> {
 }
 
 fn call(method: &Method, path: &str, body: &Option<Value>) -> Call {
-    let call = Call::new(method.clone(), path);
+    let call = Call::new(method.clone(), path).header("if-match", "\"0\"");
     match body {
         Some(body) => call.json(body),
         None => call,
@@ -672,4 +677,70 @@ async fn timeouts_and_panics_are_problems_that_reveal_nothing() {
             assert!(started.elapsed() < Duration::from_secs(3));
         }
     }
+}
+
+/// Twenty writers race with the same If-Match over real connections: exactly one wins, the
+/// others get 412, and the journal has exactly one written step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_with_one_if_match_make_one_step_on_sqlite() {
+    concurrent_writes(Db::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_with_one_if_match_make_one_step_on_postgres() {
+    if let Some(db) = Db::postgres().await.unwrap() {
+        concurrent_writes(db).await;
+    }
+}
+
+async fn concurrent_writes(db: Db) {
+    let harness = Harness::new(db).await;
+    let socket = std::sync::Arc::new(Socket::start(harness.state.clone()).await);
+    let (key, key_id) = harness.key("acme").await;
+    let id = create(socket.as_ref(), &key, &warehouse(2)).await;
+    let mut writers = Vec::new();
+    for n in 0..20 {
+        let socket = socket.clone();
+        let (key, id) = (key.clone(), id.clone());
+        writers.push(tokio::spawn(async move {
+            let body = json!({"inventory": {format!("shelf_{n}"): format!("item_{n}")}});
+            socket
+                .send(
+                    Call::new(Method::PATCH, format!("/v1/tasks/{id}/state"))
+                        .key(&key)
+                        .header("if-match", "\"0\"")
+                        .raw(
+                            "application/merge-patch+json",
+                            serde_json::to_vec(&body).unwrap(),
+                        ),
+                )
+                .await
+        }));
+    }
+    let mut statuses = Vec::new();
+    for writer in writers {
+        let reply = writer.await.unwrap();
+        if reply.status != 200 {
+            reply.problem(412);
+        }
+        statuses.push(reply.status.as_u16());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 412).count(),
+        19,
+        "{statuses:?}"
+    );
+    let journal = harness.store().journal(&id).await.unwrap();
+    assert_eq!(journal.len(), 1);
+    assert_eq!(journal[0].author.as_deref(), Some(key_id.as_str()));
+    let task = harness.store().task(&id).await.unwrap();
+    assert_eq!(task.version, 1);
+    assert_eq!(task.state["inventory"].as_object().unwrap().len(), 1);
+    std::sync::Arc::into_inner(socket).unwrap().stop().await;
+    harness.db.destroy().await;
 }

@@ -253,6 +253,108 @@ async fn lifecycle(harness: &Harness, api: &dyn Transport) {
         .await;
     assert_eq!(too_far.problem(422)["errors"][0]["pointer"], "/step");
 
+    // Write the fork's state: a merge patch on the version read, journaled with its author.
+    let patch = |version: &str, content_type: &str, body: &Value| {
+        Call::new(
+            axum::http::Method::PATCH,
+            format!("/v1/tasks/{fork_id}/state"),
+        )
+        .key(&key)
+        .header("if-match", version)
+        .raw(content_type, serde_json::to_vec(body).unwrap())
+    };
+    let merge = json!({"inventory": {"shelf_499": "item_4242"}});
+    let written = api
+        .send(patch("\"1\"", "application/merge-patch+json", &merge))
+        .await;
+    assert_eq!(written.expect(200).header("etag"), Some("\"2\""));
+    assert_eq!(written.json()["inventory"]["shelf_499"], "item_4242");
+    let reread = api
+        .send(Call::get(format!("/v1/tasks/{fork_id}/state")).key(&key))
+        .await;
+    assert_eq!(reread.expect(200).json(), written.json());
+    let step = api
+        .send(Call::get(format!("/v1/tasks/{fork_id}/steps/2")).key(&key))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(step["accepted"]["author"], key_id.as_str());
+    assert_eq!(step["accepted"]["patch"], merge);
+    assert_eq!(
+        step["accepted"]["state_hash"].as_str(),
+        Some(state_hash(&written.json()).as_str())
+    );
+    let no_prompt = api
+        .send(Call::get(format!("/v1/tasks/{fork_id}/steps/2/prompt")).key(&key))
+        .await;
+    no_prompt.problem(404);
+    // The same If-Match again: the version moved on.
+    let stale = api
+        .send(patch("\"1\"", "application/merge-patch+json", &merge))
+        .await;
+    stale.problem(412);
+    // RFC 6902 operations.
+    let ops = json!([{"op": "remove", "path": "/inventory/shelf_499"}]);
+    let removed = api
+        .send(patch("\"2\"", "application/json-patch+json", &ops))
+        .await;
+    assert_eq!(removed.expect(200).header("etag"), Some("\"3\""));
+    assert!(removed.json()["inventory"].get("shelf_499").is_none());
+    // The same checks as a model's patch: a read-only field, the schema, with pointers.
+    let read_only = api
+        .send(patch(
+            "\"3\"",
+            "application/merge-patch+json",
+            &json!({"shelf_count": 7}),
+        ))
+        .await;
+    let problem = read_only.problem(422);
+    assert_eq!(problem["errors"][0]["kind"], "read_only", "{problem}");
+    assert_eq!(problem["errors"][0]["pointer"], "/shelf_count", "{problem}");
+    let schema = api
+        .send(patch(
+            "\"3\"",
+            "application/json",
+            &json!({"inventory": {"shelf_1": 5}}),
+        ))
+        .await;
+    let problem = schema.problem(422);
+    assert_eq!(problem["errors"][0]["kind"], "schema", "{problem}");
+    assert_eq!(
+        problem["errors"][0]["pointer"], "/inventory/shelf_1",
+        "{problem}"
+    );
+    let no_if_match = api
+        .send(
+            Call::new(
+                axum::http::Method::PATCH,
+                format!("/v1/tasks/{fork_id}/state"),
+            )
+            .key(&key)
+            .raw("application/merge-patch+json", b"{}".to_vec()),
+        )
+        .await;
+    no_if_match.problem(428);
+    let star = api
+        .send(patch("*", "application/merge-patch+json", &merge))
+        .await;
+    star.problem(400);
+    let wrong_type = api.send(patch("\"3\"", "text/plain", &merge)).await;
+    wrong_type.problem(415);
+    let not_an_object = api
+        .send(patch("\"3\"", "application/merge-patch+json", &ops))
+        .await;
+    not_an_object.problem(422);
+    // Refusals wrote nothing; the journal rebuilds the written state.
+    let after = api
+        .send(Call::get(format!("/v1/tasks/{fork_id}")).key(&key))
+        .await;
+    assert_eq!(after.expect(200).json()["version"], 3);
+    let rebuilt = api
+        .send(Call::get(format!("/v1/tasks/{fork_id}/steps/3/state")).key(&key))
+        .await;
+    assert_eq!(rebuilt.expect(200).json(), removed.json());
+
     // Listing: both tasks, newest first; filters.
     let list = api
         .send(Call::get("/v1/tasks").key(&key))

@@ -52,6 +52,32 @@ pub(crate) fn parse_step(text: &str) -> Result<u64, ApiError> {
     })
 }
 
+/// How long the server keeps trying to take a task's lease while the store reports the task
+/// missing although it exists. Taking a lease is an UPDATE followed by a read of the lease;
+/// when the UPDATE loses to a holder that releases the lease before the read, the read finds
+/// no lease and the store answers `NotFound`. Nothing was written, so trying again is safe;
+/// [`lost_lease_race`] tells this apart from a task that is really gone.
+pub(crate) const LEASE_RACE_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether a `NotFound` from taking `task`'s lease was the race of [`LEASE_RACE_WAIT`] (the
+/// task exists) and the deadline allows another try, after a short pause.
+pub(crate) async fn lost_lease_race(
+    state: &AppState,
+    task: &str,
+    deadline: tokio::time::Instant,
+) -> bool {
+    if tokio::time::Instant::now() >= deadline {
+        return false;
+    }
+    match state.store.task(task).await {
+        Ok(found) if found.id == task => {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            true
+        }
+        _ => false,
+    }
+}
+
 /// How long the server holds a task's lease while it changes the task (cancel, delete); it
 /// releases it at once, so this bounds only a server that dies in between.
 const HOLD_TTL: Duration = Duration::from_secs(10);
@@ -78,10 +104,14 @@ impl Hold {
             process: format!("server {}", std::process::id()),
         };
         let ttl_ms = HOLD_TTL.as_millis() as u64;
-        state
-            .store
-            .acquire_lease(task, &claim, ttl_ms, None)
-            .await?;
+        let deadline = tokio::time::Instant::now() + LEASE_RACE_WAIT;
+        loop {
+            match state.store.acquire_lease(task, &claim, ttl_ms, None).await {
+                Ok(_) => break,
+                Err(StoreError::NotFound(_)) if lost_lease_race(state, task, deadline).await => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
         Ok(Self {
             task: task.to_owned(),
             token: claim.token,

@@ -1,15 +1,20 @@
-//! A task's current state, with its version as the ETag.
+//! A task's current state, with its version as the ETag: read it, and write it with a patch
+//! that names the version it replaces.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
+use skillstate_core::validate::Document;
+use skillstate_runtime::{StateWrite, StateWriteError, write_state};
+use skillstate_store::StoreError;
 
-use super::owned_task;
+use super::{LEASE_RACE_WAIT, lost_lease_race, owned_task};
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::problem::{ApiError, Problem};
+use crate::json::{parse_body, read_body};
+use crate::problem::{ApiError, FieldError, Problem};
 
 /// The ETag of a state at `version`: the version, quoted.
 pub fn etag(version: u64) -> String {
@@ -71,6 +76,188 @@ pub async fn get_state(
         response.headers_mut().insert(header::ETAG, value);
     }
     Ok(response)
+}
+
+/// The media types a state write reads.
+pub const MERGE_PATCH: &str = "application/merge-patch+json";
+pub const JSON_PATCH: &str = "application/json-patch+json";
+
+/// The version an `If-Match` header names: exactly one strong ETag, `"<version>"`.
+fn if_match_version(headers: &HeaderMap) -> Result<u64, ApiError> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Err(ApiError::PreconditionRequired {
+            detail: "a state write must name the version it replaces: GET the state and send its ETag as If-Match (`If-Match: \"12\"`)".into(),
+        });
+    };
+    value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .and_then(|v| v.strip_prefix('"'))
+        .and_then(|v| v.strip_suffix('"'))
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "If-Match must be one ETag of this task's state, as GET …/state returned it (`\"12\"`); `*`, weak and multiple ETags are not accepted",
+            )
+        })
+}
+
+/// Writes a task's state through the same checks as a model's answer.
+///
+/// The body is an RFC 7396 merge patch (`application/merge-patch+json`, an object) or RFC 6902
+/// operations (`application/json-patch+json`, an array); `application/json` takes either.
+/// `If-Match` (required: 428 without it) names the version the patch applies to; a stale one
+/// is 412. The patch is checked like a model's `state_patch` — patch shape, read-only
+/// locations, the state schema, the state budget — and refused with 422 listing each error and
+/// its JSON pointer. An accepted write is journaled as a step whose author is the API key, so
+/// time travel, replay and hash checks cover it.
+///
+/// A write never interleaves with a runner: while a runner drives the task (mid-step, between
+/// steps, waiting for its model) the write is refused with 409 at once rather than waiting for
+/// the step's commit — the runner's next step would be based on a state it did not see. A
+/// task whose last action is still in flight or waits for a human (approval, a reply) is 409
+/// too: settle it first. Another state write of the same task is waited for (briefly); then
+/// the version decides.
+#[utoipa::path(
+    patch,
+    path = "/v1/tasks/{id}/state",
+    operation_id = "patchState",
+    summary = "Write a task's state",
+    tag = "state",
+    params(
+        ("id" = String, Path, description = "The task's id"),
+        ("If-Match" = String, Header, description = "The ETag (version) of the state the patch applies to: `\"12\"`")
+    ),
+    request_body(
+        description = "An RFC 7396 merge patch (object) or RFC 6902 JSON Patch (array of operations)",
+        content(
+            (Object = "application/merge-patch+json"),
+            (Vec<Object> = "application/json-patch+json"),
+        )
+    ),
+    responses(
+        (status = 200, description = "The state after the write", body = Object,
+            headers(("ETag" = String, description = "The new version, quoted"))),
+        (status = 400, description = "Malformed JSON or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A runner is driving the task, or an action of it is in flight or waits for a human", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match names a version that is no longer current", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not a merge patch or JSON Patch body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The patch is refused; `errors` has each problem with its pointer", body = Problem, content_type = "application/problem+json"),
+        (status = 428, description = "No If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn patch_state(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let task = owned_task(&state, &caller, &id).await?;
+    let if_match = if_match_version(request.headers())?;
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let expects = match content_type.as_str() {
+        MERGE_PATCH => Some(true),
+        JSON_PATCH => Some(false),
+        "application/json" => None,
+        other => {
+            return Err(ApiError::UnsupportedMediaType {
+                detail: format!(
+                    "a state write is `{MERGE_PATCH}` (an object) or `{JSON_PATCH}` (an array of operations), not `{}`",
+                    if other.is_empty() { "none" } else { other }
+                ),
+            });
+        }
+    };
+    let body = read_body(request, &state).await?;
+    let patch: Value = parse_body(&body, state.config.max_json_depth)?;
+    match (expects, &patch) {
+        (Some(true), Value::Object(_)) | (Some(false), Value::Array(_)) => {}
+        (None, Value::Object(_) | Value::Array(_)) => {}
+        _ => {
+            return Err(ApiError::invalid(
+                "the body is not a patch of this media type",
+                vec![FieldError::new(
+                    "patch",
+                    "",
+                    format!(
+                        "a merge patch is a JSON object and a JSON Patch a JSON array (Content-Type `{content_type}`)"
+                    ),
+                )],
+            ));
+        }
+    }
+    let write = StateWrite {
+        task: &task.id,
+        if_match,
+        patch: &patch,
+        author: &caller.key_id,
+    };
+    let deadline = tokio::time::Instant::now() + LEASE_RACE_WAIT;
+    let written = loop {
+        match write_state(&state.store, &write).await {
+            // Taking the lease can report a task that exists as missing (LEASE_RACE_WAIT);
+            // nothing was written, so try again.
+            Err(StateWriteError::Store(StoreError::NotFound(_)))
+                if lost_lease_race(&state, &task.id, deadline).await => {}
+            other => break other.map_err(write_error)?,
+        }
+    };
+    let mut response = axum::Json::<Value>(written.state).into_response();
+    if let Ok(value) = HeaderValue::from_str(&etag(written.version)) {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    Ok(response)
+}
+
+fn write_error(error: StateWriteError) -> ApiError {
+    match error {
+        StateWriteError::Stale {
+            expected, current, ..
+        } => ApiError::PreconditionFailed {
+            detail: format!(
+                "the state is at version {current}, not {expected}: another writer committed first; GET it again (its ETag is the current version), reapply the change and send that If-Match"
+            ),
+        },
+        StateWriteError::Rejected { rejections } => ApiError::invalid(
+            "the patch was refused by the skill's state rules",
+            rejections
+                .iter()
+                .map(|r| {
+                    let mut error = FieldError::from_rejection(r, "");
+                    error.message = match r.document {
+                        Document::Output => format!("{} (pointer into the patch)", r.message),
+                        Document::State => {
+                            format!("{} (pointer into the state after the patch)", r.message)
+                        }
+                    };
+                    error
+                })
+                .collect(),
+        ),
+        StateWriteError::Busy { .. } => ApiError::conflict(
+            "a runner is driving the task right now and its state changes with every step; write once it stops (or pauses)",
+        ),
+        StateWriteError::Pending { step, what, .. } => ApiError::conflict(format!(
+            "the task's action at step {step} is {what}; settle it first (approve, reject or reply), then write"
+        )),
+        StateWriteError::Store(error) => ApiError::from_state_write(error),
+        other => ApiError::Internal(other.to_string()),
+    }
 }
 
 #[cfg(test)]
