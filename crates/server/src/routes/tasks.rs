@@ -230,6 +230,11 @@ async fn create_owned(
             Vec::new(),
         ));
     }
+    // Workers run what the service creates. A replayed create queues a still-running task too,
+    // so a create whose queueing failed is completed by its retry.
+    if record.status == TaskStatus::Running {
+        state.store.queue_task(&record.id).await?;
+    }
     Ok((record, created))
 }
 
