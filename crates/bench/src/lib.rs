@@ -126,24 +126,20 @@ pub fn run_bench(
         Mutex::new((0..total).map(|_| None).collect());
     let finished = Mutex::new(0usize);
     let workers = config.jobs.clamp(1, total.max(1));
+    // One runtime for every worker thread: a network provider's pooled connections are driven
+    // by tasks of the runtime that opened them, so a runtime per thread would leave the others
+    // holding connections whose driver is gone once its thread finishes (a failed request, a
+    // retry, one request too many at the provider). Each thread still runs its own jobs
+    // (`block_on` on the calling thread), so the CPU-bound work uses every core.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Setup(format!("cannot start the async runtime: {e}")))?;
+    let runtime = &runtime;
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(e) => {
-                        let mut guard = lock(&results);
-                        if let Some(slot) = guard.iter_mut().find(|s| s.is_none()) {
-                            *slot = Some(Err(BenchError::Setup(format!(
-                                "cannot start a worker: {e}"
-                            ))));
-                        }
-                        return;
-                    }
-                };
                 loop {
                     let Some((index, spec)) = lock(&queue).pop_front() else {
                         return;

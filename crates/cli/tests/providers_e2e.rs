@@ -167,7 +167,13 @@ async fn a_rejected_key_fails_the_task_with_the_reason_and_no_secret() {
         ]),
     )
     .await;
-    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        run.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&run.stdout),
+        text(&run.stderr)
+    );
     assert!(
         text(&run.stdout).contains("failed after 0 step(s)")
             && text(&run.stdout).contains("authentication failed"),
@@ -235,7 +241,12 @@ async fn the_bench_takes_a_real_provider_unchanged() {
         "{table}"
     );
     assert!(table.contains("1.00±0.00"), "{table}");
-    assert_eq!(server.requests().len(), 10);
+    assert_eq!(
+        server.requests().len(),
+        10,
+        "one request per step of 2 runs of 5 steps; stderr: {}",
+        text(&bench.stderr)
+    );
     let results: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     assert_eq!(results["runs"][0]["provider_usage"]["input_tokens"], 6000);

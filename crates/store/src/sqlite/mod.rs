@@ -174,10 +174,25 @@ impl SqliteStore {
                 Err(e) => return Err(open_error(e.to_string())),
             }
         };
-        match mode {
-            OpenMode::ReadWrite => migrate_sqlite(&pool).await?,
-            OpenMode::Existing => check_sqlite(&pool, location).await?,
-        }
+        let pool = match mode {
+            OpenMode::ReadWrite => {
+                migrate_sqlite(&pool).await?;
+                // A connection that read the schema while the migrations ran keeps that
+                // schema until its next transaction: a `SELECT *` prepared on it gets the old
+                // column list and SQLite hands back rows of the new one. Start over with
+                // connections that only ever saw the migrated schema.
+                pool.close().await;
+                SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options.clone())
+                    .await
+                    .map_err(|e| open_error(e.to_string()))?
+            }
+            OpenMode::Existing => {
+                check_sqlite(&pool, location).await?;
+                pool
+            }
+        };
         Ok(Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
