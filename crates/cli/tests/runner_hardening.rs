@@ -282,7 +282,7 @@ async fn journal_continuity_a_missing_step_stops_resume_and_shows_in_show() {
         .await
         .unwrap();
     sqlx::query(
-        "INSERT INTO journal SELECT task_id, 2, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = ? AND step = 3",
+        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at) SELECT task_id, 2, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at FROM journal WHERE task_id = ? AND step = 3",
     )
     .bind(&id)
     .execute(store.pool())

@@ -1537,6 +1537,38 @@ async fn racing_runners_get_one_lease() -> anyhow::Result<()> {
     .await
 }
 
+/// Runners taking and giving back a lease while others ask for it: an asker gets the lease or
+/// `Leased` naming a holder — never `NotFound` for a task that exists (a lease released between
+/// the refused attempt and the read of its holder is taken instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_changing_hands_never_looks_like_a_missing_task() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let workers: Vec<_> = (0..4)
+            .map(|i| {
+                let (store, id) = (store.clone(), task.id.clone());
+                tokio::spawn(async move {
+                    for round in 0..60 {
+                        let token = format!("r{i}-{round}");
+                        match store.acquire_lease(&id, &claim(&token), 60_000, None).await {
+                            Ok(_) => store.release_lease(&id, &token).await?,
+                            Err(StoreError::Leased { .. }) => {}
+                            Err(other) => bail!("round {round}: {other}"),
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.await??;
+        }
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_journal_extent_shows_gaps_and_the_last_hash() -> anyhow::Result<()> {
     on_each_backend(|db| async move {

@@ -16,6 +16,17 @@ impl Leases for PostgresStore {
         ttl_ms: u64,
         replacing: Option<&str>,
     ) -> Result<LeaseInfo> {
+        // The task's row is locked first, so the attempt and the read of who holds the lease
+        // see the same lease: a holder that lets go in between cannot make a refused attempt
+        // look like a missing task.
+        let mut tx = self.pool.begin().await?;
+        let exists = sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
+            .bind(task)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound(task.to_owned()));
+        }
         // The server's clock decides expiry, so runners on several machines agree.
         let updated = sqlx::query(
             "WITH now AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms) \
@@ -29,15 +40,25 @@ impl Leases for PostgresStore {
         .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
         .bind(task)
         .bind(replacing)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        match self.lease(task).await? {
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
+        )
+        .bind(task)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        match lease_from_row(&row)? {
             Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
             Some(lease) => Err(StoreError::Leased {
                 task: task.to_owned(),
                 lease: Box::new(lease),
             }),
-            None => Err(StoreError::NotFound(task.to_owned())),
+            // Unreachable with the row locked: a free lease is taken.
+            None => Err(StoreError::LeaseLost {
+                task: task.to_owned(),
+            }),
         }
     }
 

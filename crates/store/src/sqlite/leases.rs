@@ -1,7 +1,9 @@
-//! Execution leases on SQLite: one atomic UPDATE each, written through the group-commit writer
-//! (heartbeats and releases in its groups).
+//! Execution leases on SQLite: an acquisition is one immediate transaction (the attempt and the
+//! read of the holder); heartbeats and releases are one UPDATE each, in the group-commit
+//! writer's groups.
 
 use async_trait::async_trait;
+use sqlx::Connection;
 
 use super::SqliteStore;
 use super::ops::Write;
@@ -9,6 +11,8 @@ use super::ops_queue::{Release, Renew};
 use crate::model::*;
 use crate::rows::lease_from_row;
 use crate::{Leases, Result, StoreError, now_millis};
+
+const LEASE_OF_TASK: &str = "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = ?";
 
 #[async_trait]
 impl Leases for SqliteStore {
@@ -21,6 +25,9 @@ impl Leases for SqliteStore {
     ) -> Result<LeaseInfo> {
         let now = now_millis();
         let mut conn = self.write_conn().await?;
+        // The attempt and the read of who holds the lease are one transaction: a holder that
+        // lets go in between cannot make a refused attempt look like a missing task.
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let updated = sqlx::query(
             "UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS ?1 THEN lease_acquired_at ELSE ?2 END, \
              lease_token = ?1, lease_holder = ?3, lease_process = ?4, lease_expires_at = ?5 \
@@ -33,17 +40,28 @@ impl Leases for SqliteStore {
         .bind(now.saturating_add(ttl_ms.min(i64::MAX as u64) as i64))
         .bind(task)
         .bind(replacing)
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await?;
+        let row = sqlx::query(LEASE_OF_TASK)
+            .bind(task)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
         drop(conn);
-        let lease = self.lease(task).await?;
+        let lease = match row {
+            Some(row) => lease_from_row(&row)?,
+            None => return Err(StoreError::NotFound(task.to_owned())),
+        };
         match lease {
             Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
             Some(lease) => Err(StoreError::Leased {
                 task: task.to_owned(),
                 lease: Box::new(lease),
             }),
-            None => Err(StoreError::NotFound(task.to_owned())),
+            // Unreachable inside the transaction: a free lease is taken.
+            None => Err(StoreError::LeaseLost {
+                task: task.to_owned(),
+            }),
         }
     }
 
