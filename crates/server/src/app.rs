@@ -4,7 +4,8 @@
 //! span per request, panics caught as 500s, the request timeout (503), and the body size
 //! limit (413). The JSON depth limit is applied where bodies are parsed ([`crate::json`]).
 //! /healthz, /readyz and /openapi.json are open; everything under /v1 needs an API key
-//! ([`crate::auth`]).
+//! ([`crate::auth`]). The request timeout bounds a response's head only, so event streams
+//! ([`crate::routes::events`]) stay open; [`serve`] tells them when the shutdown starts.
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use skillstate_store::Store;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -25,7 +27,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::require_key;
 use crate::factory::TaskFactory;
 use crate::problem::finish_problems;
-use crate::routes::{journal, ops, state, tasks};
+use crate::routes::{events, journal, ops, state, tasks};
 
 /// The service's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +42,10 @@ pub struct ServerConfig {
     pub max_batch: usize,
     /// After the shutdown signal, how long open requests may still finish.
     pub shutdown_grace: Duration,
+    /// How often an event stream looks for new events once it has sent every stored one.
+    pub events_poll: Duration,
+    /// How long an event stream may stay silent before it sends a keep-alive comment.
+    pub events_keep_alive: Duration,
 }
 
 /// 1 MiB.
@@ -48,6 +54,8 @@ pub const DEFAULT_MAX_JSON_DEPTH: usize = 64;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_BATCH: usize = 100;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub const DEFAULT_EVENTS_POLL: Duration = Duration::from_millis(200);
+pub const DEFAULT_EVENTS_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -57,6 +65,8 @@ impl Default for ServerConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            events_poll: DEFAULT_EVENTS_POLL,
+            events_keep_alive: DEFAULT_EVENTS_KEEP_ALIVE,
         }
     }
 }
@@ -69,6 +79,28 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     /// The OpenAPI document, serialised once.
     pub(crate) openapi: Arc<str>,
+    /// Set when the server's shutdown starts; event streams end on it.
+    pub(crate) shutdown: ShutdownNotice,
+}
+
+/// Tells long-lived responses (event streams) that the server is shutting down, so the
+/// graceful shutdown does not wait on them.
+#[derive(Clone)]
+pub(crate) struct ShutdownNotice(Arc<watch::Sender<bool>>);
+
+impl ShutdownNotice {
+    fn new() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+
+    /// Starts the shutdown: every watcher sees it, now and later.
+    pub(crate) fn begin(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub(crate) fn watch(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
+    }
 }
 
 impl AppState {
@@ -86,7 +118,15 @@ impl AppState {
             factory,
             config: Arc::new(config),
             openapi: Arc::from(crate::openapi::document_json()),
+            shutdown: ShutdownNotice::new(),
         }
+    }
+
+    /// Ends the event streams of this state's routers (each sends a final `shutdown` event),
+    /// and every stream opened later at once. [`serve`] does this when its shutdown starts;
+    /// call it when serving [`router`] by other means.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.begin();
     }
 }
 
@@ -115,6 +155,8 @@ pub fn router(state: AppState) -> Router {
             get(journal::prompt_at_step),
         )
         .route("/v1/tasks/{id}/fork", post(journal::fork))
+        .route("/v1/tasks/{id}/events", get(events::task_events))
+        .route("/v1/events", get(events::tenant_events))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     let config = state.config.clone();
     Router::new()
@@ -134,16 +176,26 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(config, finish_problems))
 }
 
-/// Serves the service on `listener` until `shutdown` completes; then stops accepting, lets
-/// open requests finish for at most `shutdown_grace`, and returns.
+/// Serves the service on `listener` until `shutdown` completes; then stops accepting, ends
+/// the open event streams (each with a final `shutdown` event), lets other open requests
+/// finish for at most `shutdown_grace`, and returns.
+///
+/// Each call has a shutdown notice of its own, so a state served again after a shutdown (a
+/// restart in the same process) streams events again.
 pub async fn serve<F>(listener: TcpListener, state: AppState, shutdown: F) -> std::io::Result<()>
 where
     F: Future<Output = ()> + Send + 'static,
 {
     let grace = state.config.shutdown_grace;
+    let state = AppState {
+        shutdown: ShutdownNotice::new(),
+        ..state
+    };
+    let notice = state.shutdown.clone();
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = async move {
         shutdown.await;
+        notice.begin();
         let _ = stopping_tx.send(());
     };
     let server = axum::serve(listener, router(state)).with_graceful_shutdown(signal);

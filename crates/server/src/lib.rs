@@ -2,7 +2,8 @@
 //! service").
 //!
 //! Other systems create tasks, read their state (ETag = version) and journal, rebuild any
-//! step's state and prompt, and fork, under per-tenant API keys. Every /v1 route needs
+//! step's state and prompt, fork, and follow events live (Server-Sent Events), under
+//! per-tenant API keys. Every /v1 route needs
 //! `Authorization: Bearer <key>`; a tenant sees only its own tasks (another tenant's task is a
 //! 404, exactly like a missing one); every error is RFC 9457 `application/problem+json`; the
 //! OpenAPI 3.1 document at /openapi.json is generated from the handlers.
@@ -25,8 +26,9 @@ pub mod routes;
 mod views;
 
 pub use app::{
-    AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_BATCH, DEFAULT_MAX_JSON_DEPTH,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, ServerConfig, router, serve,
+    AppState, DEFAULT_BODY_LIMIT, DEFAULT_EVENTS_KEEP_ALIVE, DEFAULT_EVENTS_POLL,
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_JSON_DEPTH, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
+    ServerConfig, router, serve,
 };
 pub use auth::{Caller, SECRET_PREFIX, hash_secret, new_key_secret};
 pub use factory::{

@@ -9,16 +9,17 @@ use utoipa::{Modify, OpenApi};
 
 use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
+use crate::routes::events::{EventKindName, EventView};
 use crate::routes::journal::ForkRequest;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{journal, ops, state, tasks};
+use crate::routes::{events, journal, ops, state, tasks};
 use crate::views::*;
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "skillstate",
-        description = "Tasks of LLM agents with explicit, validated state: create and list tasks, read their state (ETag = version), inspect their journal, rebuild any step's state and prompt, fork. Every /v1 route needs `Authorization: Bearer <API key>`; every error is RFC 9457 application/problem+json."
+        description = "Tasks of LLM agents with explicit, validated state: create and list tasks, read their state (ETag = version), inspect their journal, rebuild any step's state and prompt, fork, follow their events live (Server-Sent Events, resumable with Last-Event-ID). Every /v1 route needs `Authorization: Bearer <API key>`; every error is RFC 9457 application/problem+json."
     ),
     paths(
         tasks::create_task,
@@ -34,6 +35,8 @@ use crate::views::*;
         journal::state_at_step,
         journal::prompt_at_step,
         journal::fork,
+        events::task_events,
+        events::tenant_events,
         ops::healthz,
         ops::readyz,
         ops::openapi,
@@ -59,12 +62,15 @@ use crate::views::*;
         IntentView,
         PromptView,
         Health,
+        EventView,
+        EventKindName,
     )),
     modifiers(&BearerKey),
     tags(
         (name = "tasks", description = "Tasks as wholes"),
         (name = "state", description = "A task's current state"),
         (name = "journal", description = "A task's history: steps, time travel, forks"),
+        (name = "events", description = "Live events (Server-Sent Events) with durable, resumable ids"),
         (name = "operations", description = "Health, readiness and this document"),
     )
 )]

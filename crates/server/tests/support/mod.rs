@@ -190,6 +190,19 @@ impl Db {
         }))
     }
 
+    /// A second, independent handle on the same database, as a restarted server opens it.
+    pub async fn reopen(&self) -> Arc<dyn Store> {
+        if let Some((url, schema)) = &self.postgres {
+            return Arc::new(PostgresStore::open_in_schema(url, schema).await.unwrap());
+        }
+        let path = self._dir.as_ref().unwrap().path().join("skillstate.db");
+        Arc::new(
+            SqliteStore::open(path.to_str().unwrap(), Synchronous::Full)
+                .await
+                .unwrap(),
+        )
+    }
+
     pub async fn destroy(self) {
         if let Some((url, schema)) = &self.postgres {
             let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
