@@ -15,6 +15,7 @@ pub mod strict_json;
 pub mod tokens;
 pub mod tool;
 pub mod validate;
+pub mod write_only;
 
 pub use output::{ParsedOutput, RawAction, parse_output};
 pub use output_schema::step_output_schema;
@@ -28,3 +29,4 @@ pub use validate::{
     AcceptedPatch, AcceptedStep, Action, RejectedStep, Rejection, RejectionKind, StepRules,
     validate_patch, validate_step,
 };
+pub use write_only::{SecretValues, WriteOnly};
