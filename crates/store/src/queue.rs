@@ -148,6 +148,57 @@ pub struct BatchTask {
     pub leased: bool,
 }
 
+/// Queued tasks (`queue = queued`) by where they stand at one instant (`Queue::queue_depth`).
+/// Each task counts once, in the first state that fits, in this order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// Held under a live lease: a worker runs it (or the service holds it for a moment).
+    pub running: u64,
+    /// In a stopped batch: claimed no more until the batch is retried.
+    pub stopped: u64,
+    /// Waiting for a retry's backoff to end.
+    pub backoff: u64,
+    /// Claimable now.
+    pub ready: u64,
+}
+
+impl QueueDepth {
+    /// `(state, tasks)` for every state, zeros included.
+    pub fn by_state(&self) -> [(&'static str, u64); 4] {
+        [
+            ("ready", self.ready),
+            ("running", self.running),
+            ("backoff", self.backoff),
+            ("stopped", self.stopped),
+        ]
+    }
+
+    /// Adds `tasks` to `state` (as the backends' query names it); an unknown name is ignored.
+    pub(crate) fn add(&mut self, state: &str, tasks: i64) {
+        let tasks = u64::try_from(tasks).unwrap_or(0);
+        match state {
+            "running" => self.running += tasks,
+            "stopped" => self.stopped += tasks,
+            "backoff" => self.backoff += tasks,
+            "ready" => self.ready += tasks,
+            _ => {}
+        }
+    }
+}
+
+/// The state of a queued task `t` at `{now}` for `queue_depth`, in `QueueDepth`'s order; one
+/// query text for both backends (`{now}` is a parameter or the server's clock).
+pub(crate) fn depth_query(now: &str) -> String {
+    format!(
+        "SELECT CASE \
+             WHEN t.lease_token IS NOT NULL AND t.lease_expires_at > {now} THEN 'running' \
+             WHEN EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') THEN 'stopped' \
+             WHEN t.not_before > {now} THEN 'backoff' \
+             ELSE 'ready' END AS state, COUNT(*) AS tasks \
+         FROM tasks t WHERE t.queue = 'queued' GROUP BY 1"
+    )
+}
+
 /// The answer of `rate_acquire`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateDecision {
@@ -198,6 +249,9 @@ pub trait Queue: Send + Sync {
     /// The earliest `not_before` among claimable-later tasks (of `batch`, when given), so an
     /// idle worker knows how long to sleep; `None` when no queued task waits on a backoff.
     async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>>;
+    /// How many queued tasks are running, stopped, waiting on a backoff and ready, now: one
+    /// counting query over the queued tasks (the service's `/metrics` asks at each scrape).
+    async fn queue_depth(&self) -> Result<QueueDepth>;
     /// Records one request of `tokens` tokens in `scope`'s rolling 60-second window when it
     /// fits `limit`, in one transaction that serialises every caller of the scope (so many
     /// workers on many machines share one quota). Otherwise says how long to wait.

@@ -321,6 +321,21 @@ impl Queue for PostgresStore {
         Ok(wakeup)
     }
 
+    async fn queue_depth(&self) -> Result<QueueDepth> {
+        let sql = format!(
+            "WITH now AS (SELECT {NOW_MS} AS ms) {}",
+            depth_query("(SELECT ms FROM now)")
+        );
+        let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut depth = QueueDepth::default();
+        for (state, tasks) in rows {
+            depth.add(&state, tasks);
+        }
+        Ok(depth)
+    }
+
     async fn rate_acquire(
         &self,
         scope: &str,

@@ -224,6 +224,18 @@ impl Queue for SqliteStore {
         Ok(wakeup)
     }
 
+    async fn queue_depth(&self) -> Result<QueueDepth> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(depth_query("?1")))
+            .bind(now_millis())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut depth = QueueDepth::default();
+        for (state, tasks) in rows {
+            depth.add(&state, tasks);
+        }
+        Ok(depth)
+    }
+
     async fn rate_acquire(
         &self,
         scope: &str,

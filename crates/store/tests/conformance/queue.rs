@@ -585,3 +585,82 @@ async fn a_lone_task_is_queued_on_demand_and_claimed() -> anyhow::Result<()> {
     })
     .await
 }
+
+/// Queue depth counts each queued task once, by where it stands now: running under a live
+/// lease, in a stopped batch, waiting on a backoff, or ready. Finished tasks and tasks never
+/// queued are not counted; an expired lease is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_depth_counts_queued_tasks_by_state() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        assert_eq!(store.queue_depth().await?, QueueDepth::default());
+        let open = store
+            .create_batch(&new_batch("open", OnError::SkipAndLog, 3))
+            .await?;
+        let stopped = store
+            .create_batch(&new_batch("stopped", OnError::Stop, 0))
+            .await?;
+        let ids = store
+            .enqueue_tasks(&open.id, (0..5).map(queued).collect())
+            .await?;
+        store.enqueue_tasks(&stopped.id, vec![queued(9)]).await?;
+        store.stop_batch(&stopped.id, "stopped by the test").await?;
+        store.create_task(new_task(), &json!({})).await?;
+        assert_eq!(
+            store.queue_depth().await?,
+            QueueDepth {
+                ready: 5,
+                stopped: 1,
+                ..QueueDepth::default()
+            }
+        );
+
+        let running = claim_one(store.as_ref(), "w1", Some(&open.id))
+            .await?
+            .context("first claim")?;
+        let retrying = claim_one(store.as_ref(), "w2", Some(&open.id))
+            .await?
+            .context("second claim")?;
+        store
+            .settle_claim(
+                &retrying.task_id,
+                "w2",
+                &Settle::RetryAt {
+                    not_before: now() + 600_000,
+                },
+                Some("provider: down"),
+            )
+            .await?;
+        let done = claim_one(store.as_ref(), "w3", Some(&open.id))
+            .await?
+            .context("third claim")?;
+        store
+            .settle_claim(&done.task_id, "w3", &Settle::Done, None)
+            .await?;
+        let expired = store
+            .claim_task(&claim("w4"), 1, Some(&open.id))
+            .await?
+            .context("fourth claim")?;
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        assert_eq!(
+            [&running, &retrying, &done, &expired].map(|c| c.task_id.as_str()),
+            [&ids[0], &ids[1], &ids[2], &ids[3]].map(String::as_str)
+        );
+        let depth = store.queue_depth().await?;
+        assert_eq!(
+            depth,
+            QueueDepth {
+                running: 1,
+                stopped: 1,
+                backoff: 1,
+                ready: 2,
+            }
+        );
+        assert_eq!(
+            depth.by_state(),
+            [("ready", 2), ("running", 1), ("backoff", 1), ("stopped", 1)]
+        );
+        Ok(())
+    })
+    .await
+}
