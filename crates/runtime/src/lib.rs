@@ -6,6 +6,7 @@ mod error;
 mod frame;
 mod lease;
 mod lineage;
+pub mod metrics;
 mod pauses;
 mod rate;
 mod recovery;

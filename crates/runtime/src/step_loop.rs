@@ -514,6 +514,7 @@ impl<'a> Runner<'a> {
             {
                 Ok(response) => response,
                 Err(error) => {
+                    crate::metrics::model_failed();
                     self.finish(
                         task,
                         TaskStatus::Failed,
@@ -523,7 +524,9 @@ impl<'a> Runner<'a> {
                     return Ok(StepEnd::Stop);
                 }
             };
-            let latency_ms = started.elapsed().as_millis() as u64;
+            let latency = started.elapsed();
+            let latency_ms = latency.as_millis() as u64;
+            crate::metrics::model_answered(latency, prompt_tokens, response.usage.as_ref());
             failpoint("after_model");
             // The answer is untrusted text: secrets it echoes are gone before anything reads it.
             let answer_text = self.secrets.redact(&response.text).into_owned();
@@ -534,6 +537,7 @@ impl<'a> Runner<'a> {
 
             self.observer
                 .attempt(step, attempt, prompt_tokens, verdict.as_ref());
+            crate::metrics::answer(verdict.as_ref());
             let output_tokens = Some(count_tokens(&answer_text) as u64);
             let mut entry = JournalEntry {
                 step,
@@ -682,6 +686,7 @@ impl<'a> Runner<'a> {
         };
         self.check_lease()?;
         self.store.commit_step(task, *version, &commit).await?;
+        crate::metrics::step_committed();
         failpoint("after_commit");
         *state = accepted.new_state;
         *version = step;
@@ -720,11 +725,12 @@ impl<'a> Runner<'a> {
         env_tools: &[Arc<dyn Tool>],
     ) -> ToolOutput {
         let Some(tool) = find_tool(env_tools, name) else {
+            crate::metrics::tool_called(name, false);
             return ToolOutput::failure(format!("Error: tool {name} is not available."));
         };
         // Every call is bounded: a tool stuck on a pipe, a device or a hung server becomes an
         // error observation instead of a step that never ends.
-        match call_bounded(
+        let output = match call_bounded(
             tool.as_ref(),
             args,
             &CallContext::new(task, step),
@@ -734,7 +740,9 @@ impl<'a> Runner<'a> {
         {
             Ok(output) => output,
             Err(error) => ToolOutput::failure(format!("Error: {error}")),
-        }
+        };
+        crate::metrics::tool_called(name, output.ok);
+        output
     }
 
     /// Records a finished action's result now.

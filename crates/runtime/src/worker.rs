@@ -177,6 +177,7 @@ pub struct WorkerStats {
 type Events = Option<mpsc::UnboundedSender<WorkerEvent>>;
 
 fn emit(events: &Events, event: WorkerEvent) {
+    crate::metrics::worker_event(&event);
     if let Some(sender) = events {
         let _ = sender.send(event);
     }
