@@ -4,6 +4,7 @@
 
 mod error;
 mod frame;
+mod inbox;
 mod lease;
 mod lineage;
 pub mod metrics;

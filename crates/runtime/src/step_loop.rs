@@ -329,6 +329,12 @@ impl<'a> Runner<'a> {
                 });
             }
         }
+        // Decisions and messages sent while the task was paused, finished or not running.
+        let task = if self.open_inbox(&task, &env_tools).await? {
+            self.store.task(&task.id).await?
+        } else {
+            task
+        };
         // The journal is read once per run; from here on the runner keeps what the next steps
         // need (answers already given at the current step, transcript turns) in memory, so a
         // step's store work does not grow with the steps already taken. Only one runner drives
@@ -387,7 +393,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Writes the action result held back for the next commit, if any.
-    async fn write_held_result(&mut self) -> Result<(), RuntimeError> {
+    pub(crate) async fn write_held_result(&mut self) -> Result<(), RuntimeError> {
         if let Some((task, result)) = self.held_result.take() {
             self.store.record_action_result(&task, &result).await?;
         }
@@ -421,6 +427,15 @@ impl<'a> Runner<'a> {
                     "message": format!("stopped after max_steps = {max_steps} without finishing; raise [run] max_steps in skill.toml"),
                 });
                 return self.finish(&task.id, TaskStatus::Failed, outcome).await;
+            }
+            // Messages that arrived join this step's observation.
+            let step = version + 1;
+            let shown = match &self.next_observation {
+                Some((of, at, text)) if *of == task.id && *at == step => Some(text.clone()),
+                _ => None,
+            };
+            if let Some(text) = self.deliver_waiting(&task.id, step, shown).await? {
+                self.next_observation = Some((task.id.clone(), step, text));
             }
             let budget = StepBudget {
                 first_counted: budget_start(task.outcome.as_ref(), version + 1),
@@ -752,7 +767,20 @@ impl<'a> Runner<'a> {
         step: u64,
         output: ToolOutput,
     ) -> Result<(), RuntimeError> {
-        let result = self.action_result(task, step, output);
+        self.record_delivering(task, step, output, Vec::new()).await
+    }
+
+    /// [`Self::record_result`], also marking the inbox entries `delivered` (the decision the
+    /// result carries out, the messages its observation shows) in the same transaction.
+    pub(crate) async fn record_delivering(
+        &mut self,
+        task: &str,
+        step: u64,
+        output: ToolOutput,
+        delivered: Vec<i64>,
+    ) -> Result<(), RuntimeError> {
+        let mut result = self.action_result(task, step, output);
+        result.delivered = delivered;
         self.store.record_action_result(task, &result).await?;
         Ok(())
     }
@@ -776,6 +804,7 @@ impl<'a> Runner<'a> {
             result: output.text,
             next_observation,
             env_checkpoint: Some(self.env.checkpoint()),
+            delivered: Vec::new(),
         }
     }
 }

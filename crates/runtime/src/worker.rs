@@ -375,7 +375,9 @@ async fn run_one(
         None => None,
     };
     let task = store.task(&id).await?;
-    if task.status == TaskStatus::Failed && !is_retryable(task.outcome.as_ref()) {
+    // Messages reopen any failed task; without them only a retry can continue it.
+    let messaged = !store.pending_messages(&id).await?.is_empty();
+    if task.status == TaskStatus::Failed && !is_retryable(task.outcome.as_ref()) && !messaged {
         // Requeued, but a retry cannot change this failure (`max_steps`, a broken world): the
         // queue is done with it and its recorded failure stays as it was.
         let failure = failure_text(task.outcome.as_ref());
@@ -387,7 +389,7 @@ async fn run_one(
         &options,
         &drain,
         &events,
-        &task,
+        (&task, messaged),
         lease,
         batch.as_ref(),
     )
@@ -536,7 +538,7 @@ async fn run_hosted(
     options: &WorkerOptions,
     drain: &Arc<AtomicBool>,
     events: &Events,
-    task: &TaskRecord,
+    (task, messaged): (&TaskRecord, bool),
     lease: HeldLease,
     batch: Option<&BatchRecord>,
 ) -> RunEnd {
@@ -557,7 +559,8 @@ async fn run_hosted(
         task: task.id.clone(),
         events: events.clone(),
     };
-    let retry = task.status == TaskStatus::Failed;
+    // A failed task with messages is reopened by them (`Runner::run`), not retried.
+    let retry = task.status == TaskStatus::Failed && !messaged;
     let outcome = {
         let mut runner =
             crate::Runner::new(store.clone(), model, hosted.env.as_mut(), &mut observer)

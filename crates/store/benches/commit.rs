@@ -117,6 +117,7 @@ fn tool_result(step: u64) -> ActionResult {
         result: "{\"stored\": true}".into(),
         next_observation: format!("alert {step}: shelf_499 needs attention"),
         env_checkpoint: None,
+        delivered: Vec::new(),
     }
 }
 

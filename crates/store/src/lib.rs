@@ -10,6 +10,7 @@
 
 mod error;
 mod history;
+mod inbox;
 mod migrate;
 mod model;
 mod postgres;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 
 pub use error::StoreError;
 pub use history::state_at;
+pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};
 pub use model::*;
 pub use postgres::PostgresStore;
 pub use queue::*;
@@ -37,6 +39,7 @@ pub use traits::{Journal, Leases, StorageStats, Store, Tasks};
 /// `use skillstate_store::prelude::*;`. Imported anonymously, so no name clashes with the
 /// caller's own.
 pub mod prelude {
+    pub use crate::inbox::Inbox as _;
     pub use crate::queue::Queue as _;
     pub use crate::service::{Events as _, Keys as _, Tenancy as _};
     pub use crate::traits::{Journal as _, Leases as _, Store, Tasks as _};

@@ -37,6 +37,11 @@ pub const SQLITE: &[Migration] = &[
         name: "service",
         sql: include_str!("../migrations/sqlite/0005_service.sql"),
     },
+    Migration {
+        version: 6,
+        name: "inbox",
+        sql: include_str!("../migrations/sqlite/0006_inbox.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -64,6 +69,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 5,
         name: "service",
         sql: include_str!("../migrations/postgres/0005_service.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "inbox",
+        sql: include_str!("../migrations/postgres/0006_inbox.sql"),
     },
 ];
 

@@ -173,6 +173,9 @@ pub struct ActionResult {
     /// The observation the next step starts from.
     pub next_observation: String,
     pub env_checkpoint: Option<Value>,
+    /// Inbox entries (`Inbox`) this result delivers — the decision it carries out, messages
+    /// its observation shows —, marked delivered at `step + 1` in the same transaction.
+    pub delivered: Vec<i64>,
 }
 
 /// A runner asking for a task's execution lease.

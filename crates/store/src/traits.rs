@@ -9,15 +9,22 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::Result;
+use crate::inbox::Inbox;
 use crate::model::*;
 use crate::queue::Queue;
 use crate::service::{Events, Keys, Tenancy};
 
 /// Everything a backend offers: tasks, their journal, execution leases, the work queue, and
 /// what the HTTP service needs (API keys, tenants, events).
-pub trait Store: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Send + Sync {}
+pub trait Store:
+    Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Send + Sync
+{
+}
 
-impl<T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Send + Sync> Store for T {}
+impl<T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Send + Sync> Store
+    for T
+{
+}
 
 /// Tasks as wholes: creating, finding, listing, forking, compacting and deleting them.
 #[async_trait]

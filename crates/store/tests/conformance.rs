@@ -10,6 +10,9 @@
 #[path = "../../../test-support/skip.rs"]
 mod skip;
 
+#[path = "conformance/inbox.rs"]
+mod inbox;
+
 #[path = "conformance/queue.rs"]
 mod queue;
 
@@ -326,6 +329,7 @@ fn action_result(step: u64) -> ActionResult {
         result: format!("result of step {step}"),
         next_observation: format!("observation {}", step + 1),
         env_checkpoint: Some(json!({"tick": step})),
+        delivered: Vec::new(),
     }
 }
 
@@ -1353,7 +1357,7 @@ async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
         match db.open().await {
             Err(StoreError::SchemaTooNew {
                 found: 999,
-                supported: 5,
+                supported: 6,
             }) => {}
             Err(other) => bail!("expected SchemaTooNew, got {other}"),
             Ok(_) => bail!("a newer schema was accepted"),

@@ -128,6 +128,7 @@ async fn crash_child() {
                     result: "stored".into(),
                     next_observation: format!("observation {}", step + 1),
                     env_checkpoint: None,
+                    delivered: Vec::new(),
                 };
                 store.record_action_result(&task.id, &result).await.unwrap();
             }

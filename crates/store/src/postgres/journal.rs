@@ -100,6 +100,19 @@ async fn complete_intent(
     .bind(task)
     .execute(&mut *conn)
     .await?;
+    if !result.delivered.is_empty() {
+        let marked = sqlx::query(
+            "UPDATE inbox SET delivered_step = $1 WHERE id = ANY($2) AND task_id = $3 AND delivered_step IS NULL",
+        )
+        .bind((result.step + 1) as i64)
+        .bind(&result.delivered)
+        .bind(task)
+        .execute(&mut *conn)
+        .await?;
+        if marked.rows_affected() != result.delivered.len() as u64 {
+            return Err(crate::inbox::not_waiting(task, result.step + 1));
+        }
+    }
     Ok(())
 }
 

@@ -18,6 +18,7 @@ use crate::migrate::{check_postgres, migrate_postgres};
 use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
 mod events;
+mod inbox;
 mod journal;
 mod leases;
 mod queue;

@@ -216,9 +216,19 @@ impl Queue for PostgresStore {
             Settle::Done => ("done", 0i64, None),
             Settle::RetryAt { not_before } => ("queued", 1, Some(*not_before)),
         };
+        // Inbox entries still waiting keep the task queued. A post updates the task's row
+        // before it commits: locking the row first waits for a post in progress, and the
+        // UPDATE's own snapshot, taken after the lock, then sees its entry.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
+            .bind(task)
+            .fetch_optional(&mut *tx)
+            .await?;
         let updated = sqlx::query(
-            "UPDATE tasks SET queue = $1, tries = tries + $2, not_before = $3, failure = COALESCE($4, failure), updated_at = $5, \
+            "UPDATE tasks SET queue = CASE WHEN waiting.any THEN 'queued' ELSE $1 END, tries = tries + $2, \
+             not_before = CASE WHEN waiting.any THEN NULL ELSE $3 END, failure = COALESCE($4, failure), updated_at = $5, \
              lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
+             FROM (SELECT EXISTS (SELECT 1 FROM inbox WHERE task_id = $6 AND delivered_step IS NULL) AS any) AS waiting \
              WHERE id = $6 AND lease_token = $7",
         )
         .bind(queue)
@@ -228,8 +238,9 @@ impl Queue for PostgresStore {
         .bind(now_millis())
         .bind(task)
         .bind(token)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         if updated.rows_affected() == 1 {
             return Ok(());
         }

@@ -10,6 +10,9 @@ use crate::model::{LeaseClaim, LeaseInfo};
 use crate::queue::{Claimed, RateDecision, RateLimit};
 use crate::queue_rows::{RATE_WINDOW_MS, RateEntry, rate_decision};
 
+/// Whether the task has inbox entries waiting: a settled claim then stays queued.
+const WAITING: &str =
+    "EXISTS (SELECT 1 FROM inbox WHERE inbox.task_id = tasks.id AND inbox.delivered_step IS NULL)";
 const NO_LEASE: &str = "lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL";
 
 /// Extends the lease `token` holds.
@@ -67,8 +70,9 @@ impl Settle {
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
         let settled = conn
             .prepare_cached(&format!(
-                "UPDATE tasks SET queue = ?, tries = tries + ?, not_before = ?, failure = COALESCE(?, failure), updated_at = ?, {NO_LEASE} \
-                 WHERE id = ? AND lease_token = ?"
+                "UPDATE tasks SET queue = CASE WHEN {WAITING} THEN 'queued' ELSE ?1 END, tries = tries + ?2, \
+                 not_before = CASE WHEN {WAITING} THEN NULL ELSE ?3 END, failure = COALESCE(?4, failure), updated_at = ?5, {NO_LEASE} \
+                 WHERE id = ?6 AND lease_token = ?7"
             ))?
             .execute(params![
                 self.queue,

@@ -320,6 +320,16 @@ impl ActionDone {
             "UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ?",
         )?
         .execute(params![self.env_checkpoint, self.now, self.task])?;
+        for id in &result.delivered {
+            let marked = conn
+                .prepare_cached(
+                    "UPDATE inbox SET delivered_step = ? WHERE id = ? AND task_id = ? AND delivered_step IS NULL",
+                )?
+                .execute(params![(result.step + 1) as i64, id, self.task])?;
+            if marked != 1 {
+                return Err(crate::inbox::not_waiting(&self.task, result.step + 1).into());
+            }
+        }
         insert_event(conn, &self.task, "action", &self.event, self.now)?;
         Ok(())
     }

@@ -1,0 +1,448 @@
+//! A task's inbox on a real SQLite file: messages sent while a task runs join its next step's
+//! observation (stored as the model saw it), a finished task is reopened by one, a paused task
+//! takes a message as its answer, and decisions on an approval run the action once or refuse
+//! it. Entries that no longer apply are set aside, never looped on.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use common::*;
+use serde_json::{Value, json};
+use skillstate_core::json::text_hash;
+use skillstate_core::{ContextStrategy, Skill, SkillDefinition};
+use skillstate_providers::{ModelProvider, ModelRequest, ModelResponse, ProviderError};
+use skillstate_runtime::{NoProgress, Runner, TaskOptions, rebuild_prompt, start_task};
+use skillstate_store::prelude::*;
+use skillstate_store::{MessageKind, NewMessage, TaskStatus};
+use skillstate_tools::{
+    CallContext, Environment, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
+};
+
+fn notes_skill() -> Skill {
+    let mut settings = skillstate_core::skill::SkillSettings::default();
+    settings.tools.allow = vec!["office".into()];
+    Skill::from_definition(SkillDefinition {
+        name: "notes".into(),
+        description: "Keep notes".into(),
+        metadata: None,
+        procedure: "Write down what the user says, then finish.".into(),
+        schema: json!({"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}, "required": ["notes"]}),
+        initial_state: json!({"notes": []}),
+        settings,
+    })
+    .unwrap()
+}
+
+fn answer(patch: Value, tool: &str, args: Value) -> String {
+    json!({"reasoning": "r", "state_patch": patch, "action": {"tool": tool, "args": args}})
+        .to_string()
+}
+
+fn message(kind: MessageKind, text: &str) -> NewMessage {
+    NewMessage {
+        kind,
+        text: text.into(),
+        author: "key-1".into(),
+    }
+}
+
+/// Scripted answers, keeping every prompt it was sent.
+struct Recording {
+    inner: Arc<dyn ModelProvider>,
+    prompts: Mutex<Vec<String>>,
+}
+
+impl Recording {
+    fn new(outputs: Vec<String>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: scripted(outputs),
+            prompts: Mutex::new(Vec::new()),
+        })
+    }
+    fn prompts(&self) -> Vec<String> {
+        self.prompts.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ModelProvider for Recording {
+    fn spec(&self) -> String {
+        self.inner.spec()
+    }
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
+        self.prompts.lock().unwrap().push(request.prompt.text());
+        self.inner.complete(request).await
+    }
+    fn skip_calls(&self, calls: usize) {
+        self.inner.skip_calls(calls);
+    }
+}
+
+/// A tool that counts its calls and, on its first, posts `message` to the task it runs for —
+/// a person writing while the task is mid-run.
+struct Desk {
+    spec: ToolSpec,
+    calls: Arc<AtomicUsize>,
+    post: Option<(Arc<dyn Store>, String)>,
+}
+
+#[async_trait]
+impl Tool for Desk {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    async fn call(&self, _args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if let (0, Some((store, text))) = (n, &self.post) {
+            store
+                .post_message(&ctx.task_id, &message(MessageKind::Message, text))
+                .await
+                .unwrap();
+        }
+        Ok(ToolOutput::success(format!("filed ({})", n + 1)))
+    }
+}
+
+struct Office {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl Office {
+    fn new(
+        needs_approval: bool,
+        calls: Arc<AtomicUsize>,
+        post: Option<(Arc<dyn Store>, String)>,
+    ) -> Self {
+        let spec = ToolSpec {
+            name: "file".into(),
+            description: "File the notes".into(),
+            input_schema: json!({"type": "object"}),
+            side_effect: SideEffect::Effectful,
+            source: "office".into(),
+            needs_approval,
+        };
+        Self {
+            tools: vec![Arc::new(Desk { spec, calls, post })],
+        }
+    }
+}
+
+impl Environment for Office {
+    fn kind(&self) -> &str {
+        "office"
+    }
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.tools.clone()
+    }
+    fn opening_observation(&mut self) -> String {
+        "Take notes.".into()
+    }
+    fn after_action(&mut self) -> Option<String> {
+        None
+    }
+    fn episode_over(&self) -> bool {
+        false
+    }
+    fn outcome(&self) -> Value {
+        Value::Null
+    }
+    fn checkpoint(&self) -> Value {
+        Value::Null
+    }
+    fn restore(&mut self, _: &Value) -> Result<(), EnvironmentError> {
+        Ok(())
+    }
+}
+
+async fn start(store: &Arc<dyn Store>, env: &mut Office) -> String {
+    start_task(
+        store.as_ref(),
+        &notes_skill(),
+        env,
+        &TaskOptions::new("scripted:test.jsonl", ContextStrategy::State),
+    )
+    .await
+    .unwrap()
+    .id
+}
+
+async fn open_store(dir: &std::path::Path) -> Arc<dyn Store> {
+    let (sqlite, _) = sqlite_store(dir).await;
+    sqlite
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sent_mid_run_joins_the_next_steps_observation_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path()).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut env = Office::new(
+        false,
+        calls.clone(),
+        Some((store.clone(), "also buy bread".into())),
+    );
+    let task = start(&store, &mut env).await;
+    let model = Recording::new(vec![
+        answer(json!({"notes": ["milk"]}), "file", json!({})),
+        answer(
+            json!({"notes": ["milk", "bread"]}),
+            "finish",
+            json!({"result": "noted"}),
+        ),
+    ]);
+    let outcome = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, TaskStatus::Completed);
+    let prompts = model.prompts();
+    assert_eq!(prompts.len(), 2);
+    assert!(!prompts[0].contains("also buy bread"));
+    assert!(
+        prompts[1].contains("Message from the user: also buy bread"),
+        "the next step did not show the message: {}",
+        prompts[1]
+    );
+    // Stored as shown: the observation of step 2 has the tool's result and the message, and
+    // the rebuilt prompt of step 2 hashes to what the model received.
+    let observation = store.observation(&task, 2).await.unwrap().unwrap();
+    assert_eq!(
+        observation,
+        "filed (1)\n\nMessage from the user: also buy bread"
+    );
+    let record = store.task(&task).await.unwrap();
+    let (prompt, recorded) = rebuild_prompt(store.as_ref(), &record, 2, 1).await.unwrap();
+    assert_eq!(text_hash(&prompt.text()), recorded);
+    assert_eq!(prompt.text(), prompts[1]);
+    let messages = store.messages(&task).await.unwrap();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].delivered_step, Some(2));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reopens_a_finished_task_and_answers_a_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path()).await;
+    let mut env = Office::new(false, Arc::default(), None);
+    let task = start(&store, &mut env).await;
+    let answers = vec![
+        answer(
+            json!({"notes": ["milk"]}),
+            "finish",
+            json!({"result": "one"}),
+        ),
+        answer(json!({}), "ask_user", json!({"question": "Which day?"})),
+        answer(
+            json!({"notes": ["milk", "friday"]}),
+            "finish",
+            json!({"result": "two"}),
+        ),
+    ];
+    let model = Recording::new(answers.clone());
+    let first = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(first.status, TaskStatus::Completed);
+
+    store
+        .post_message(
+            &task,
+            &message(MessageKind::Message, "move it to a weekday"),
+        )
+        .await
+        .unwrap();
+    let model = Recording::new(answers.clone());
+    let second = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(second.status, TaskStatus::AwaitingInput);
+    assert_eq!(
+        store.observation(&task, 2).await.unwrap().as_deref(),
+        Some("Message from the user: move it to a weekday")
+    );
+    assert!(model.prompts()[0].contains("move it to a weekday"));
+
+    // A message to a paused question is its answer.
+    store
+        .post_message(&task, &message(MessageKind::Message, "Friday"))
+        .await
+        .unwrap();
+    let model = Recording::new(answers);
+    let third = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(third.status, TaskStatus::Completed);
+    assert_eq!(
+        store.observation(&task, 3).await.unwrap().as_deref(),
+        Some("The user answered: Friday")
+    );
+    assert!(store.pending_messages(&task).await.unwrap().is_empty());
+    assert_eq!(
+        store.task(&task).await.unwrap().state,
+        json!({"notes": ["milk", "friday"]})
+    );
+}
+
+/// Runs a task whose first answer calls the approval-gated `file` until it pauses.
+async fn paused_for_approval(
+    store: &Arc<dyn Store>,
+    calls: &Arc<AtomicUsize>,
+) -> (String, Vec<String>) {
+    let mut env = Office::new(true, calls.clone(), None);
+    let task = start(store, &mut env).await;
+    let answers = vec![
+        answer(
+            json!({"notes": ["milk"]}),
+            "file",
+            json!({"where": "inbox"}),
+        ),
+        answer(json!({}), "finish", json!({"result": "done"})),
+    ];
+    let outcome = Runner::new(
+        store.clone(),
+        scripted(answers.clone()),
+        &mut env,
+        &mut NoProgress,
+    )
+    .run(&task)
+    .await
+    .unwrap();
+    assert_eq!(outcome.status, TaskStatus::AwaitingApproval);
+    (task, answers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_on_an_approval_run_the_action_once_or_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path()).await;
+
+    // Approved: the action runs exactly once, the decision is delivered with its result.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (task, answers) = paused_for_approval(&store, &calls).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let approve = store
+        .post_message(&task, &message(MessageKind::Approve, ""))
+        .await
+        .unwrap();
+    let mut env = Office::new(true, calls.clone(), None);
+    let done = Runner::new(
+        store.clone(),
+        scripted(answers.clone()),
+        &mut env,
+        &mut NoProgress,
+    )
+    .run(&task)
+    .await
+    .unwrap();
+    assert_eq!(done.status, TaskStatus::Completed);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.messages(&task).await.unwrap()[0],
+        skillstate_store::MessageRecord {
+            delivered_step: Some(2),
+            ..approve
+        }
+    );
+
+    // Rejected: the action never runs and the reason is the next observation.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (task, answers) = paused_for_approval(&store, &calls).await;
+    store
+        .post_message(&task, &message(MessageKind::Reject, "not today"))
+        .await
+        .unwrap();
+    let mut env = Office::new(true, calls.clone(), None);
+    let done = Runner::new(
+        store.clone(),
+        scripted(answers.clone()),
+        &mut env,
+        &mut NoProgress,
+    )
+    .run(&task)
+    .await
+    .unwrap();
+    assert_eq!(done.status, TaskStatus::Completed);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let refused = store.observation(&task, 2).await.unwrap().unwrap();
+    assert!(refused.starts_with("A human rejected `file`") && refused.ends_with("not today"));
+
+    // A message instead of a decision refuses the action and shows the message.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (task, answers) = paused_for_approval(&store, &calls).await;
+    store
+        .post_message(&task, &message(MessageKind::Message, "file it under work"))
+        .await
+        .unwrap();
+    let mut env = Office::new(true, calls.clone(), None);
+    Runner::new(store.clone(), scripted(answers), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let shown = store.observation(&task, 2).await.unwrap().unwrap();
+    assert!(
+        shown.contains("was not run")
+            && shown.contains("Message from the user: file it under work"),
+        "{shown}"
+    );
+    assert!(store.pending_messages(&task).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_that_no_longer_apply_are_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path()).await;
+    // A cancelled task is not reopened by a message.
+    let mut env = Office::new(false, Arc::default(), None);
+    let task = start(&store, &mut env).await;
+    let canceled = json!({"reason": "canceled", "message": "stopped by a person"});
+    store
+        .set_status(&task, TaskStatus::Failed, Some(&canceled))
+        .await
+        .unwrap();
+    store
+        .post_message(&task, &message(MessageKind::Message, "are you there?"))
+        .await
+        .unwrap();
+    let model = Recording::new(vec![answer(json!({}), "finish", json!({"result": "x"}))]);
+    let outcome = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, TaskStatus::Failed);
+    assert_eq!(outcome.outcome, Some(canceled));
+    assert!(
+        model.prompts().is_empty(),
+        "a cancelled task asked its model"
+    );
+    assert!(store.pending_messages(&task).await.unwrap().is_empty());
+
+    // An approval for a task that is not paused (decided otherwise meanwhile) does nothing.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut env = Office::new(false, calls.clone(), None);
+    let task = start(&store, &mut env).await;
+    store
+        .post_message(&task, &message(MessageKind::Approve, ""))
+        .await
+        .unwrap();
+    let model = Recording::new(vec![answer(json!({}), "finish", json!({"result": "x"}))]);
+    let outcome = Runner::new(store.clone(), model.clone(), &mut env, &mut NoProgress)
+        .run(&task)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, TaskStatus::Completed);
+    assert_eq!(
+        model.prompts()[0].matches("Message from the user").count(),
+        0
+    );
+    assert!(store.pending_messages(&task).await.unwrap().is_empty());
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
