@@ -3,7 +3,9 @@
 //! Layers, outermost first: problem details for every error ([`finish_problems`]), a tracing
 //! span per request, panics caught as 500s, the request timeout (503), and the body size
 //! limit (413). The JSON depth limit is applied where bodies are parsed ([`crate::json`]).
-//! /healthz, /readyz and /openapi.json are open; everything under /v1 needs an API key
+//! Outside them all, every request is counted and timed by its route template
+//! ([`crate::metrics`]). /healthz, /readyz, /metrics and /openapi.json are open; everything under
+//! /v1 needs an API key
 //! ([`crate::auth`]). The request timeout bounds a response's head only, so event streams
 //! ([`crate::routes::events`]) stay open; [`serve`] tells them when the shutdown starts.
 
@@ -14,7 +16,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use skillstate_store::Store;
 use tokio::net::TcpListener;
@@ -130,8 +132,10 @@ impl AppState {
     }
 }
 
-/// The whole service.
+/// The whole service. Installs the process's metrics recorder on first use
+/// ([`crate::metrics::install`]).
 pub fn router(state: AppState) -> Router {
+    crate::metrics::install();
     let v1 = Router::new()
         .route("/v1/tasks", post(tasks::create_task).get(tasks::list_tasks))
         .route("/v1/tasks:batch", post(tasks::create_tasks))
@@ -162,6 +166,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(crate::metrics::metrics))
         .route("/openapi.json", get(ops::openapi))
         .merge(v1)
         .with_state(state)
@@ -174,6 +179,7 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::new())
         .layer(TraceLayer::new_for_http())
         .layer(from_fn_with_state(config, finish_problems))
+        .layer(from_fn(crate::metrics::track))
 }
 
 /// Serves the service on `listener` until `shutdown` completes; then stops accepting, ends

@@ -13,13 +13,15 @@
 //!
 //! Modules, one concept each: `problem` (errors → problem details), `json` (reading bodies
 //! under the limits), `auth` (keys and tenants), `factory` (create requests → tasks), `views`
-//! (what responses look like), `routes` (the handlers), `openapi` (the document), `app` (the
-//! router, its layers, serving).
+//! (what responses look like), `routes` (the handlers), `openapi` (the document), `metrics`
+//! (Prometheus: the recorder, request counting, `/metrics`), `app` (the router, its layers,
+//! serving).
 
 mod app;
 mod auth;
 mod factory;
 mod json;
+pub mod metrics;
 mod openapi;
 mod problem;
 pub mod routes;
@@ -35,6 +37,7 @@ pub use factory::{
     ContextName, CreateTaskRequest, TaskFactory, check_initial_state, check_request, skill_dir,
 };
 pub use json::{nesting_exceeds, parse_body};
+pub use metrics::{metrics_router, serve_metrics};
 pub use openapi::{ApiDoc, document, document_json};
 pub use problem::{ApiError, FieldError, PROBLEM_JSON, Problem};
 pub use views::*;

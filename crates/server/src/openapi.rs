@@ -40,6 +40,7 @@ use crate::views::*;
         ops::healthz,
         ops::readyz,
         ops::openapi,
+        crate::metrics::metrics,
     ),
     components(schemas(
         Problem,
@@ -71,7 +72,7 @@ use crate::views::*;
         (name = "state", description = "A task's current state"),
         (name = "journal", description = "A task's history: steps, time travel, forks"),
         (name = "events", description = "Live events (Server-Sent Events) with durable, resumable ids"),
-        (name = "operations", description = "Health, readiness and this document"),
+        (name = "operations", description = "Health, readiness, metrics and this document"),
     )
 )]
 pub struct ApiDoc;
