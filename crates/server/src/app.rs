@@ -29,7 +29,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::require_key;
 use crate::factory::TaskFactory;
 use crate::problem::finish_problems;
-use crate::routes::{events, journal, ops, state, tasks};
+use crate::routes::{events, inbox, journal, ops, state, tasks};
 
 /// The service's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,6 +159,14 @@ pub fn router(state: AppState) -> Router {
             get(journal::prompt_at_step),
         )
         .route("/v1/tasks/{id}/fork", post(journal::fork))
+        .route(
+            "/v1/tasks/{id}/messages",
+            post(inbox::send_message).get(inbox::list_messages),
+        )
+        .route("/v1/tasks/{id}/approve", post(inbox::approve))
+        .route("/v1/tasks/{id}/reject", post(inbox::reject))
+        .route("/v1/tasks/{id}/reply", post(inbox::reply))
+        .route("/v1/tasks/{id}/resume", post(inbox::resume))
         .route("/v1/tasks/{id}/events", get(events::task_events))
         .route("/v1/events", get(events::tenant_events))
         .route_layer(from_fn_with_state(state.clone(), require_key));

@@ -12,7 +12,10 @@ use crate::problem::{FieldError, Problem};
 use crate::routes::events::{EventKindName, EventView};
 use crate::routes::journal::ForkRequest;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{events, journal, ops, state, tasks};
+use crate::routes::inbox::{
+    ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
+};
+use crate::routes::{events, inbox, journal, ops, state, tasks};
 use crate::views::*;
 
 #[derive(OpenApi)]
@@ -35,6 +38,12 @@ use crate::views::*;
         journal::state_at_step,
         journal::prompt_at_step,
         journal::fork,
+        inbox::send_message,
+        inbox::list_messages,
+        inbox::approve,
+        inbox::reject,
+        inbox::reply,
+        inbox::resume,
         events::task_events,
         events::tenant_events,
         ops::healthz,
@@ -65,12 +74,19 @@ use crate::views::*;
         Health,
         EventView,
         EventKindName,
+        MessageRequest,
+        RejectRequest,
+        ApproveRequest,
+        MessageView,
+        MessageKindName,
+        MessageList,
     )),
     modifiers(&BearerKey),
     tags(
         (name = "tasks", description = "Tasks as wholes"),
         (name = "state", description = "A task's current state"),
         (name = "journal", description = "A task's history: steps, time travel, forks"),
+        (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
         (name = "events", description = "Live events (Server-Sent Events) with durable, resumable ids"),
         (name = "operations", description = "Health, readiness, metrics and this document"),
     )

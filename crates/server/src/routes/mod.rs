@@ -2,6 +2,7 @@
 //! tenant owns, and holding a task still while it is changed from outside a runner.
 
 pub mod events;
+pub mod inbox;
 pub mod journal;
 pub mod ops;
 pub mod state;

@@ -235,6 +235,12 @@ impl Harness {
         Self { db, state }
     }
 
+    /// The service with another task factory.
+    pub fn with_factory(db: Db, factory: Arc<dyn TaskFactory>) -> Self {
+        let state = AppState::with_config(db.store.clone(), factory, ServerConfig::default());
+        Self { db, state }
+    }
+
     pub fn store(&self) -> Arc<dyn Store> {
         self.db.store.clone()
     }
