@@ -150,6 +150,8 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ServeArgs) -> Resul
         .await
         .with_context(|| format!("cannot listen on {}", args.addr))?;
     let address = listener.local_addr()?;
+    // Before the embedded workers start, so their first claims and steps are counted.
+    skillstate_server::metrics::install();
     let mut stop = stop_on_signals("serve");
     let worker = (args.workers > 0).then(|| {
         let options = worker_options(&config, "skillstate serve", usize::from(args.workers));

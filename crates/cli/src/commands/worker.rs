@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use async_trait::async_trait;
 use skillstate_providers::ModelProvider;
 use skillstate_runtime::{
@@ -32,6 +32,10 @@ pub struct WorkerArgs {
     /// Exit once nothing is left to claim (instead of waiting for more work).
     #[arg(long)]
     until_idle: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the worker runs (steps, rejected
+    /// answers, tool errors, tokens, model latency, tasks settled, leases lost, queue depth).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Rebuilds a stored task's world and model the way `skillstate resume` does.
@@ -160,6 +164,23 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: WorkerArgs) -> Resu
         options.batch = Some(store.batch(batch).await?.id);
     }
     options.until_idle = args.until_idle;
+    let (metrics_done, metrics_stop) = tokio::sync::oneshot::channel::<()>();
+    if let Some(addr) = args.metrics_addr {
+        // Installed before the first claim, so nothing the worker does goes uncounted.
+        skillstate_server::metrics::install();
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+        errln!("metrics at http://{}/metrics", listener.local_addr()?);
+        let serving = skillstate_server::serve_metrics(listener, store.clone(), async move {
+            let _ = metrics_stop.await;
+        });
+        tokio::spawn(async move {
+            if let Err(error) = serving.await {
+                tracing::warn!(%error, "the metrics listener stopped");
+            }
+        });
+    }
     let stop = stop_on_signals("worker");
     let host = Arc::new(CliHost::new(config));
     let (sender, receiver) = mpsc::unbounded_channel();
@@ -183,6 +204,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: WorkerArgs) -> Resu
         std::process::exit(130);
     }
     let _ = printer.await;
+    let _ = metrics_done.send(());
     let stats = stats?;
     errln!("{}", stats_line(&stats));
     Ok(ExitCode::SUCCESS)
