@@ -48,6 +48,8 @@ enum Command {
     /// Answer a waiting task and run it on.
     Reply(commands::lineage::ReplyArgs),
     /// Run the action a task waits to have approved, exactly once, and continue.
+    /// Send a task a message (its next observation) and continue it.
+    Say(commands::say::SayArgs),
     Approve(commands::lineage::ApproveArgs),
     /// Refuse the action a task waits to have approved; the reason becomes its result.
     Reject(commands::lineage::RejectArgs),
@@ -139,6 +141,7 @@ fn main() -> ExitCode {
             }
             Command::Pending => commands::lineage::pending(&cli.db).await,
             Command::Approve(args) => {
+            Command::Say(args) => commands::say::run(&cli.db, cli.config.as_deref(), args).await,
                 commands::lineage::approve(&cli.db, cli.config.as_deref(), args).await
             }
             Command::Reject(args) => {

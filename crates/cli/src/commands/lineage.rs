@@ -32,16 +32,18 @@ async fn model_and_world(
 }
 
 /// What a stored task is told before it continues.
-enum Decision<'a> {
+pub(super) enum Decision<'a> {
     Resume,
     Retry,
+    /// Run it whatever its status: its inbox holds what continues it (`skillstate say`).
+    Delivered,
     Reply(&'a str),
     Approve,
     Reject(&'a str),
 }
 
 /// Continues a stored task with its model and world, then shuts the world down.
-async fn continue_task(
+pub(super) async fn continue_task(
     db: &str,
     config_path: Option<&Path>,
     task_ref: &str,
@@ -87,6 +89,7 @@ async fn continue_task(
         Decision::Resume => "skillstate resume",
         Decision::Retry => "skillstate resume --retry",
         Decision::Reply(_) => "skillstate reply",
+        Decision::Delivered => "skillstate say",
         Decision::Approve => "skillstate approve",
         Decision::Reject(_) => "skillstate reject",
     };
@@ -94,7 +97,7 @@ async fn continue_task(
         .with_lease_policy(lease_policy(&config, label))
         .with_secrets(&config.secrets());
     let outcome = match decision {
-        Decision::Resume => runner.run(&task.id).await,
+        Decision::Resume | Decision::Delivered => runner.run(&task.id).await,
         Decision::Retry => runner.retry(&task.id).await,
         Decision::Reply(answer) => runner.reply(&task.id, answer).await,
         Decision::Approve => runner.approve(&task.id).await,

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod keys;
 pub mod lineage;
 pub mod run;
+pub mod say;
 pub mod serve;
 pub mod show;
 pub mod tasks;
