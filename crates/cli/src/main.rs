@@ -4,6 +4,7 @@
 mod term;
 mod commands;
 mod config;
+mod hidden;
 mod limits;
 mod model;
 mod render;

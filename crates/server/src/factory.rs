@@ -215,8 +215,10 @@ pub fn skill_dir(skills_dir: &Path, name: &str) -> Result<PathBuf, ApiError> {
 }
 
 /// A given initial state must satisfy the skill's schema and fit its state budget, as
-/// state.init.json must. Every violation is one error at `/state<pointer>`.
+/// state.init.json must. Every violation is one error at `/state<pointer>`; a message never
+/// quotes a write-only value of the state.
 pub fn check_initial_state(skill: &Skill, state: &Value) -> Result<(), ApiError> {
+    let secrets = skillstate_core::WriteOnly::of_schema(skill.schema.document()).secrets_of(state);
     let mut errors: Vec<FieldError> = skill
         .schema
         .violations(state)
@@ -225,7 +227,10 @@ pub fn check_initial_state(skill: &Skill, state: &Value) -> Result<(), ApiError>
             FieldError::new(
                 "schema",
                 format!("/state{}", v.pointer),
-                format!("does not satisfy the skill's state schema: {}", v.message),
+                format!(
+                    "does not satisfy the skill's state schema: {}",
+                    secrets.scrub(&v.message)
+                ),
             )
         })
         .collect();

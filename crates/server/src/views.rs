@@ -1,5 +1,11 @@
 //! What the API answers with: the JSON representations of tasks, steps and pages, each
-//! described in the OpenAPI document. Times are RFC 3339 UTC with whole seconds.
+//! described in the OpenAPI document. Times are RFC 3339 UTC with whole seconds. Whatever
+//! carries a state, a patch or text derived from them is built through the task's
+//! [`Redaction`] (write-only values never leave).
+
+mod redaction;
+
+pub(crate) use redaction::{Redaction, shown_state};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -58,7 +64,8 @@ pub struct TaskView {
     pub status: StatusName,
     /// Accepted steps so far; the state's version (its ETag).
     pub version: u64,
-    /// Why the task ended or paused (`{"reason": ...}`), when it did.
+    /// Why the task ended or paused (`{"reason": ...}`), when it did (write-only values of
+    /// the state replaced by `[redacted]`).
     pub outcome: Option<Value>,
     /// The task this one was forked from, and at which step.
     pub parent: Option<ForkOrigin>,
@@ -76,7 +83,13 @@ pub struct ForkOrigin {
 }
 
 impl TaskView {
+    /// The task as shown; its outcome (a finish result, the arguments of an action waiting
+    /// for approval, rejection messages) cleaned of the state's write-only values.
     pub fn of(task: &TaskRecord) -> Self {
+        let outcome = task
+            .outcome
+            .clone()
+            .map(|outcome| Redaction::of_task(task).json(outcome));
         Self {
             id: task.id.clone(),
             skill: task.skill.name.clone(),
@@ -84,7 +97,7 @@ impl TaskView {
             context: task.context.as_str().to_owned(),
             status: StatusName::of(task.status),
             version: task.version,
-            outcome: task.outcome.clone(),
+            outcome,
             parent: task.parent.as_ref().map(|(task, step)| ForkOrigin {
                 task: task.clone(),
                 step: *step,
@@ -173,7 +186,8 @@ pub struct StepSummary {
     pub verdict: String,
     /// Answers in this step, rejected ones included.
     pub answers: u32,
-    /// The accepted (else the last) answer's action, as `{"tool", "args"}`.
+    /// The accepted (else the last) answer's action, as `{"tool", "args"}` (write-only values
+    /// replaced by `[redacted]`).
     pub action: Option<Value>,
     /// `null` for the model; the API key id for state written through the API.
     pub author: Option<String>,
@@ -186,7 +200,7 @@ pub struct StepSummary {
 
 impl StepSummary {
     /// The summary of one step's answers (non-empty, in attempt order).
-    pub fn of(answers: &[&JournalEntry]) -> Option<Self> {
+    pub(crate) fn of(answers: &[&JournalEntry], redaction: &Redaction) -> Option<Self> {
         let last = answers.last()?;
         let accepted = answers.iter().find(|e| e.verdict == Verdict::Accepted);
         let shown = accepted.unwrap_or(last);
@@ -199,7 +213,7 @@ impl StepSummary {
             })
             .to_owned(),
             answers: answers.len() as u32,
-            action: shown.action.clone(),
+            action: shown.action.clone().map(|a| redaction.json(a)),
             author: author_of(shown),
             prompt_tokens: shown.prompt_tokens,
             output_tokens: shown.output_tokens,
@@ -223,18 +237,22 @@ pub struct AnswerView {
     pub attempt: u32,
     /// `accepted` or `rejected`.
     pub verdict: String,
-    /// The answer as the model wrote it (reasoning included; secrets already redacted).
+    /// The answer as the model wrote it (reasoning included; secrets already redacted, and
+    /// write-only values of the state replaced by `[redacted]`).
     pub output: String,
-    /// The state patch (RFC 7396 merge patch or RFC 6902 operations).
+    /// The state patch (RFC 7396 merge patch or RFC 6902 operations); the values it writes
+    /// at write-only locations read `[redacted]`.
     pub patch: Option<Value>,
     /// The action, as `{"tool", "args"}`.
     pub action: Option<Value>,
     /// Why a rejected answer was rejected: `[{kind, document, pointer, message}]`.
     pub errors: Option<Value>,
-    /// SHA-256 of the state after an accepted answer.
+    /// SHA-256 of the state after an accepted answer; `null` while the task holds write-only
+    /// values (a hash would let short ones be guessed).
     pub state_hash: Option<String>,
-    /// SHA-256 of the prompt the model received.
-    pub prompt_hash: String,
+    /// SHA-256 of the prompt the model received; `null` while the task holds write-only
+    /// values.
+    pub prompt_hash: Option<String>,
     /// The prompt, in o200k_base tokens counted locally.
     pub prompt_tokens: u64,
     /// The answer, in o200k_base tokens (`null` on rows from before it was counted).
@@ -249,16 +267,17 @@ pub struct AnswerView {
 }
 
 impl AnswerView {
-    pub fn of(entry: &JournalEntry) -> Self {
+    pub(crate) fn of(entry: &JournalEntry, redaction: &Redaction) -> Self {
+        let hashes = !redaction.hides_values();
         Self {
             attempt: entry.attempt,
             verdict: verdict_name(entry.verdict).to_owned(),
-            output: entry.output.clone(),
-            patch: entry.patch.clone(),
-            action: entry.action.clone(),
-            errors: entry.errors.clone(),
-            state_hash: entry.state_hash.clone(),
-            prompt_hash: entry.prompt_hash.clone(),
+            output: redaction.text(entry.output.clone()),
+            patch: entry.patch.clone().map(|p| redaction.patch(p)),
+            action: entry.action.clone().map(|a| redaction.json(a)),
+            errors: entry.errors.clone().map(|e| redaction.json(e)),
+            state_hash: entry.state_hash.clone().filter(|_| hashes),
+            prompt_hash: Some(entry.prompt_hash.clone()).filter(|_| hashes),
             prompt_tokens: entry.prompt_tokens,
             output_tokens: entry.output_tokens,
             usage: entry.usage.clone(),
@@ -287,15 +306,15 @@ pub struct IntentView {
 }
 
 impl IntentView {
-    pub fn of(intent: &IntentRecord) -> Self {
+    pub(crate) fn of(intent: &IntentRecord, redaction: &Redaction) -> Self {
         Self {
             tool: intent.tool.clone(),
-            args: intent.args.clone(),
+            args: redaction.json(intent.args.clone()),
             side_effect: intent.side_effect.clone(),
             idempotency_key: intent.idempotency_key.clone(),
             done: intent.done,
             ok: intent.ok,
-            result: intent.result.clone(),
+            result: intent.result.clone().map(|r| redaction.text(r)),
         }
     }
 }
@@ -304,7 +323,8 @@ impl IntentView {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct StepDetail {
     pub step: u64,
-    /// The observation the step started from, in full (prompts show it cut to the budget).
+    /// The observation the step started from, in full (prompts show it cut to the budget);
+    /// write-only values of the state read `[redacted]`.
     pub observation: Option<String>,
     /// The accepted answer; `null` while the step is not committed.
     pub accepted: Option<AnswerView>,
@@ -319,13 +339,16 @@ pub struct StepDetail {
 pub struct PromptView {
     pub step: u64,
     pub attempt: u32,
-    /// The prompt's exact text.
+    /// The prompt's exact text — but for the state's write-only values, which the model saw
+    /// and which read `[redacted]` here.
     pub text: String,
-    /// SHA-256 of `text`.
-    pub sha256: String,
-    /// SHA-256 recorded when the model received the prompt.
-    pub recorded_sha256: String,
-    /// Whether the rebuilt prompt is byte-identical to what the model received.
+    /// SHA-256 of the prompt; `null` when write-only values were replaced in `text` (a hash
+    /// would let short ones be guessed).
+    pub sha256: Option<String>,
+    /// SHA-256 recorded when the model received the prompt; `null` as `sha256` is.
+    pub recorded_sha256: Option<String>,
+    /// Whether the rebuilt prompt is byte-identical to what the model received (checked on
+    /// the prompt itself, before any replacement).
     pub identical: bool,
     /// The prompt's o200k_base tokens, as counted when the model received it.
     pub tokens: u64,

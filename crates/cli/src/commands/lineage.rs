@@ -11,6 +11,7 @@ use skillstate_store::{TaskRecord, TaskStatus, state_at};
 
 use super::{World, world_of_task};
 use crate::config::{Config, lease_policy, load_config, open_existing, open_store};
+use crate::hidden::{Hidden, shown_outcome};
 use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
@@ -55,9 +56,10 @@ pub(super) async fn continue_task(
     let task = store.task(task_ref).await?;
     if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running {
         // Nothing runs: say why and what would, and exit non-zero so scripts notice.
+        let outcome = task.outcome.clone().map(|o| Hidden::of_task(&task).json(o));
         outln!(
             "{}",
-            outcome_line(&task.id, task.status, task.version, task.outcome.as_ref())
+            outcome_line(&task.id, task.status, task.version, outcome.as_ref())
         );
         let hint = match task.status {
             TaskStatus::Failed if is_retryable(task.outcome.as_ref()) => format!(
@@ -93,7 +95,7 @@ pub(super) async fn continue_task(
         Decision::Approve => "skillstate approve",
         Decision::Reject(_) => "skillstate reject",
     };
-    let mut runner = Runner::new(store, model, world.env.as_mut(), &mut observer)
+    let mut runner = Runner::new(store.clone(), model, world.env.as_mut(), &mut observer)
         .with_lease_policy(lease_policy(&config, label))
         .with_secrets(&config.secrets());
     let outcome = match decision {
@@ -105,13 +107,14 @@ pub(super) async fn continue_task(
     };
     world.shutdown().await;
     let outcome = outcome?;
+    let shown = shown_outcome(store.as_ref(), &outcome.task_id, outcome.outcome.as_ref()).await;
     outln!(
         "{}",
         outcome_line(
             &outcome.task_id,
             outcome.status,
             outcome.steps,
-            outcome.outcome.as_ref()
+            shown.as_ref()
         )
     );
     Ok(match outcome.status {
@@ -194,7 +197,7 @@ pub async fn pending(db: &str) -> Result<ExitCode> {
             continue;
         }
         let task = store.task(&summary.id).await?;
-        let outcome = task.outcome.clone().unwrap_or_default();
+        let outcome = Hidden::of_task(&task).json(task.outcome.clone().unwrap_or_default());
         let waiting = if task.status == TaskStatus::AwaitingApproval {
             format!(
                 "approval of {} {}",
@@ -275,11 +278,15 @@ pub async fn fork(db: &str, config_path: Option<&Path>, args: ForkArgs) -> Resul
     world.shutdown().await;
     let fork = fork?;
     outln!("{}", fork.id);
+    let hash = if Hidden::of_task(&fork).hides_values() {
+        "withheld: write-only values".to_owned()
+    } else {
+        skillstate_core::json::state_hash(&fork.state)
+    };
     errln!(
-        "forked task {} at step {} (state hash {}); continue it with: skillstate resume {}",
+        "forked task {} at step {} (state hash {hash}); continue it with: skillstate resume {}",
         parent.id,
         args.step,
-        skillstate_core::json::state_hash(&fork.state),
         fork.id
     );
     Ok(ExitCode::SUCCESS)

@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
-use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep};
+use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep, SecretValues, WriteOnly};
 use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
 use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
@@ -10,6 +10,7 @@ use skillstate_tools::ToolOutput;
 use super::{load_skill, world_for};
 use crate::config::{lease_policy, load_config, open_store};
 use crate::model::{ModelArgs, build_model};
+use crate::hidden::shown_outcome;
 use crate::render::outcome_line;
 
 #[derive(clap::Args)]
@@ -46,9 +47,12 @@ fn parse_context(name: &str) -> Result<ContextStrategy, String> {
     })
 }
 
-/// Prints one line per step to stderr as the task runs.
+/// Prints one line per step to stderr as the task runs, without the state's write-only values
+/// (those of the initial state and whatever each answer writes at a write-only location).
 struct StepPrinter {
     quiet: bool,
+    write_only: WriteOnly,
+    secrets: SecretValues,
 }
 
 impl RunObserver for StepPrinter {
@@ -63,16 +67,24 @@ impl RunObserver for StepPrinter {
             return;
         }
         match result {
-            Ok(accepted) => errln!(
-                "step {step:>4}  prompt {prompt_tokens:>6} tok  {}",
-                accepted.action.summary()
-            ),
+            Ok(accepted) => {
+                self.write_only
+                    .collect(&accepted.new_state, &mut self.secrets);
+                errln!(
+                    "step {step:>4}  prompt {prompt_tokens:>6} tok  {}",
+                    self.secrets.scrub(&accepted.action.summary())
+                )
+            }
             Err(rejected) => {
+                if let Some(parsed) = &rejected.parsed {
+                    self.write_only
+                        .collect_patch(&parsed.state_patch, &mut self.secrets);
+                }
                 errln!(
                     "step {step:>4}  prompt {prompt_tokens:>6} tok  attempt {attempt} rejected:"
                 );
                 for rejection in &rejected.rejections {
-                    errln!("            {rejection}");
+                    errln!("            {}", self.secrets.scrub(&rejection.to_string()));
                 }
             }
         }
@@ -80,7 +92,7 @@ impl RunObserver for StepPrinter {
 
     fn action_done(&mut self, _step: u64, output: &ToolOutput) {
         if !self.quiet && !output.ok {
-            errln!("            -> {}", output.text);
+            errln!("            -> {}", self.secrets.scrub(&output.text));
         }
     }
 }
@@ -115,21 +127,28 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
     if !args.quiet {
         errln!("task {} started ({} in {db})", task.id, skill.name());
     }
-    let mut printer = StepPrinter { quiet: args.quiet };
-    let outcome = Runner::new(store, model, world.env.as_mut(), &mut printer)
+    let write_only = WriteOnly::of_schema(&task.skill.schema);
+    let secrets = write_only.secrets_of(&task.state);
+    let mut printer = StepPrinter {
+        quiet: args.quiet,
+        write_only,
+        secrets,
+    };
+    let outcome = Runner::new(store.clone(), model, world.env.as_mut(), &mut printer)
         .with_lease_policy(lease_policy(&config, "skillstate run"))
         .with_secrets(&config.secrets())
         .run(&task.id)
         .await;
     world.shutdown().await;
     let outcome = outcome?;
+    let shown = shown_outcome(store.as_ref(), &outcome.task_id, outcome.outcome.as_ref()).await;
     outln!(
         "{}",
         outcome_line(
             &outcome.task_id,
             outcome.status,
             outcome.steps,
-            outcome.outcome.as_ref()
+            shown.as_ref()
         )
     );
     if !args.quiet {

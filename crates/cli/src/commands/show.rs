@@ -11,6 +11,7 @@ use skillstate_runtime::{check_continuity, rebuild_prompt};
 use skillstate_store::{IntentRecord, JournalEntry, Store, TaskRecord, Verdict, state_at};
 
 use crate::config::{CONFIG_FILE, Config, load_config};
+use crate::hidden::Hidden;
 use crate::render::{Table, describe_outcome, format_time};
 use crate::term;
 
@@ -47,7 +48,8 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result
             .observation(&task.id, step)
             .await?
             .with_context(|| format!("task {} has no observation for step {step}", task.id))?;
-        term::write_exact(&format!("{text}\n"))?;
+        let hidden = Hidden::of_history(store.as_ref(), &task, None).await?;
+        term::write_exact(&format!("{}\n", hidden.text(&text)))?;
         return Ok(ExitCode::SUCCESS);
     }
     match (args.step, args.prompt) {
@@ -59,8 +61,16 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result
 
 async fn show_state_at(store: &dyn Store, task: &TaskRecord, step: u64) -> Result<ExitCode> {
     let state = state_at(store, &task.id, step, task.version).await?;
-    outln!("{}", serde_json::to_string_pretty(&state)?);
-    let hash = state_hash(&state);
+    let hidden = Hidden::of_history(store, task, None).await?;
+    outln!(
+        "{}",
+        serde_json::to_string_pretty(&hidden.state(state.clone()))?
+    );
+    let hash = if hidden.hides_values() {
+        "withheld (the task holds write-only values)".to_owned()
+    } else {
+        state_hash(&state)
+    };
     let note = if step == 0 {
         "initial state".to_owned()
     } else {
@@ -107,20 +117,35 @@ async fn show_prompt(
     let (prompt, recorded) = rebuild_prompt(store, task, step, attempt).await?;
     let text = prompt.text();
     let rebuilt = text_hash(&text);
-    term::write_exact(&text)?;
+    // The model saw the write-only values; whoever reads this does not.
+    let hidden = Hidden::of_history(store, task, Some(&journal)).await?;
+    let shown = hidden.text(&text);
+    let exact = shown == text;
+    term::write_exact(&shown)?;
     // stdout holds the prompt's exact bytes (their SHA-256 is the recorded one). What follows
     // goes to stderr after a blank line, so that in a terminal or a merged log it stands apart
     // from the prompt's last line instead of reading as part of it.
     err!("{}", if text.ends_with('\n') { "\n" } else { "\n\n" });
+    if rebuilt != recorded && !exact {
+        bail!(
+            "the rebuilt prompt of step {step} attempt {attempt} does not match what the model received (hashes withheld: the task holds write-only values)"
+        );
+    }
     if rebuilt != recorded {
         bail!(
             "the rebuilt prompt of step {step} attempt {attempt} does not match what the model received (sha256 {rebuilt} vs recorded {recorded})"
         );
     }
     let tokens = recorded_tokens.unwrap_or_else(|| count_tokens(&text) as u64);
-    errln!(
-        "prompt of step {step} attempt {attempt}: {tokens} tokens, sha256 {rebuilt} (byte-identical to the prompt the model received)"
-    );
+    if exact {
+        errln!(
+            "prompt of step {step} attempt {attempt}: {tokens} tokens, sha256 {rebuilt} (byte-identical to the prompt the model received)"
+        );
+    } else {
+        errln!(
+            "prompt of step {step} attempt {attempt}: {tokens} tokens; rebuilt byte-identical to the prompt the model received, shown with its write-only values replaced by [redacted] (sha256 withheld)"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -132,12 +157,17 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         .into_iter()
         .map(|i| (i.step, i))
         .collect();
+    let hidden = Hidden::of_history(store, task, Some(&journal)).await?;
     let rejected = journal
         .iter()
         .filter(|e| e.verdict == Verdict::Rejected)
         .count();
     let status = match &task.outcome {
-        Some(outcome) => format!("{} - {}", task.status.as_str(), describe_outcome(outcome)),
+        Some(outcome) => format!(
+            "{} - {}",
+            task.status.as_str(),
+            hidden.text(&describe_outcome(outcome))
+        ),
         None => task.status.as_str().to_owned(),
     };
     outln!("task     {}", task.id);
@@ -161,12 +191,16 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         task.version
     );
     outln!("tokens   {}", token_summary(&journal, &task.model, config));
-    outln!(
-        "state    version {}, hash {}",
-        task.version,
+    let hash = if hidden.hides_values() {
+        "withheld (write-only values)".to_owned()
+    } else {
         state_hash(&task.state)
+    };
+    outln!("state    version {}, hash {hash}", task.version);
+    outln!(
+        "{}",
+        serde_json::to_string(&hidden.state(task.state.clone()))?
     );
-    outln!("{}", serde_json::to_string(&task.state)?);
     outln!();
 
     let mut by_step: BTreeMap<u64, Vec<&JournalEntry>> = BTreeMap::new();
@@ -213,17 +247,23 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
             .action
             .as_ref()
             .and_then(Action::from_call_json)
-            .map(|a| a.summary())
+            .map(|a| hidden.text(&a.summary()).into_owned())
             .unwrap_or_else(|| "-".into());
         let patch = shown
             .patch
             .as_ref()
-            .map(|p| clip(&serde_json::to_string(p).unwrap_or_default(), 48))
+            .map(|p| {
+                let p = hidden.patch(p.clone());
+                clip(&serde_json::to_string(&p).unwrap_or_default(), 48)
+            })
             .unwrap_or_else(|| "-".into());
         let result = match intents.get(step) {
             Some(intent) if !intent.done => "pending".to_owned(),
             Some(intent) if intent.ok == Some(true) => "ok".to_owned(),
-            Some(intent) => clip(intent.result.as_deref().unwrap_or("error"), 40),
+            Some(intent) => clip(
+                &hidden.text(intent.result.as_deref().unwrap_or("error")),
+                40,
+            ),
             None => "-".to_owned(),
         };
         table.row(vec![
@@ -261,7 +301,12 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
                 .and_then(|e| serde_json::from_value(e.clone()).ok())
                 .unwrap_or_default();
             for error in errors {
-                outln!("  step {} attempt {}: {error}", entry.step, entry.attempt);
+                outln!(
+                    "  step {} attempt {}: {}",
+                    entry.step,
+                    entry.attempt,
+                    hidden.text(&error.to_string())
+                );
             }
         }
     }

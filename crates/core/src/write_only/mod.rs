@@ -303,6 +303,30 @@ impl WriteOnly {
         }
     }
 
+    /// Adds the write-only values one answer of a journal writes: its kept `patch`, or — for
+    /// an answer rejected before a patch was kept — the `state_patch` read from its text (as
+    /// the runtime parses answers, else from any JSON object with that member). An answer that
+    /// cannot be read at all adds nothing.
+    pub fn collect_answer(&self, patch: Option<&Value>, output: &str, secrets: &mut SecretValues) {
+        if self.is_empty() {
+            return;
+        }
+        match patch {
+            Some(patch) => self.collect_patch(patch, secrets),
+            None => {
+                let written = match crate::output::parse_output(output) {
+                    Ok(parsed) => Some(parsed.state_patch),
+                    Err(_) => serde_json::from_str::<Value>(output.trim())
+                        .ok()
+                        .and_then(|v| v.get("state_patch").cloned()),
+                };
+                if let Some(patch) = written {
+                    self.collect_patch(&patch, secrets);
+                }
+            }
+        }
+    }
+
     /// The write-only values of `state`, ready to clean text with.
     pub fn secrets_of(&self, state: &Value) -> SecretValues {
         let mut secrets = SecretValues::default();

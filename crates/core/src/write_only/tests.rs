@@ -409,3 +409,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_rejected_answer_is_read_for_the_values_it_tried_to_write() {
+    let w = WriteOnly::of_schema(&schema());
+    let mut secrets = SecretValues::default();
+    let answer = json!({"reasoning": "r", "state_patch": {"creds": {"pin": "not-a-pin-123"}}, "action": {"tool": "finish", "args": {}}});
+    w.collect_answer(None, &answer.to_string(), &mut secrets);
+    // Not an answer the runtime accepts (no action), still JSON with a patch.
+    let odd = json!({"state_patch": {"tokens": ["odd-token-456"]}});
+    w.collect_answer(None, &odd.to_string(), &mut secrets);
+    w.collect_answer(None, "not json at all", &mut secrets);
+    w.collect_answer(
+        Some(&json!({"a/b": "slashed-789"})),
+        "ignored",
+        &mut secrets,
+    );
+    assert_eq!(
+        secrets.scrub("not-a-pin-123 odd-token-456 slashed-789"),
+        "[redacted] [redacted] [redacted]"
+    );
+}

@@ -27,6 +27,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::collections::HashMap;
+
 use skillstate_store::{EventKind, EventQuery, EventRecord, Store, StoreError};
 use tokio::sync::watch;
 use utoipa::{IntoParams, ToSchema};
@@ -36,7 +38,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, Problem};
-use crate::views::rfc3339;
+use crate::views::{Redaction, rfc3339};
 
 /// Events read from the store at a time.
 pub const EVENT_PAGE: u32 = 200;
@@ -76,6 +78,9 @@ impl EventKindName {
     }
 }
 
+/// Tasks whose [`Redaction`] one stream keeps; it forgets them all when more are seen.
+const KEPT_REDACTIONS: usize = 1024;
+
 /// The `data` of one SSE event.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EventView {
@@ -84,18 +89,36 @@ pub struct EventView {
     pub kind: EventKindName,
     /// The task's version when the event was written.
     pub step: u64,
-    /// What happened, by kind (see the kinds).
+    /// What happened, by kind (see the kinds). Values a step's patch writes at write-only
+    /// locations read `[redacted]`, and so does every write-only value of the task's state
+    /// anywhere else (action arguments, outcomes, error messages).
     pub data: Value,
     pub created_at: String,
 }
 
 impl EventView {
-    pub fn of(record: &EventRecord) -> Self {
+    pub(crate) fn of(record: &EventRecord, redaction: &Redaction) -> Self {
+        let data = match record.data.clone() {
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(key, value)| {
+                        let shown = match key.as_str() {
+                            "patch" => redaction.patch(value),
+                            // Counters, not values.
+                            "step" | "attempt" => value,
+                            _ => redaction.json(value),
+                        };
+                        (key, shown)
+                    })
+                    .collect(),
+            ),
+            other => redaction.json(other),
+        };
         Self {
             task: record.task.clone(),
             kind: EventKindName::of(record.kind),
             step: record.step,
-            data: record.data.clone(),
+            data,
             created_at: rfc3339(record.created_at),
         }
     }
@@ -239,6 +262,7 @@ async fn stream(
         poll: state.config.events_poll.max(Duration::from_millis(1)),
         shutdown: state.shutdown.watch(),
         ended: false,
+        redactions: HashMap::new(),
     };
     feed.take(first);
     let events = futures_util::stream::unfold(feed, |mut feed| async move {
@@ -280,6 +304,9 @@ struct Feed {
     poll: Duration,
     shutdown: watch::Receiver<bool>,
     ended: bool,
+    /// What each task's events hide, loaded when the stream first meets the task and
+    /// completed by every step event's patch after that.
+    redactions: HashMap<String, Redaction>,
 }
 
 /// Why a feed stopped reading.
@@ -308,7 +335,7 @@ impl Feed {
                 return Some(self.end(shutdown_event()));
             }
             if let Some(record) = self.pending.pop_front() {
-                return Some(event_of(&record));
+                return Some(self.event_of(&record).await);
             }
             let read = async {
                 if !self.read_again {
@@ -359,6 +386,32 @@ impl Feed {
         self.ended = true;
         event
     }
+
+    /// The SSE event of `record`, with its task's write-only values hidden.
+    async fn event_of(&mut self, record: &EventRecord) -> Event {
+        if !self.redactions.contains_key(&record.task) {
+            let loaded = match self.store.task(&record.task).await {
+                Ok(task) if task.id == record.task => {
+                    Redaction::of_history(self.store.as_ref(), &task, None)
+                        .await
+                        .unwrap_or_else(|_| Redaction::unknown())
+                }
+                _ => Redaction::unknown(),
+            };
+            if self.redactions.len() >= KEPT_REDACTIONS {
+                self.redactions.clear();
+            }
+            self.redactions.insert(record.task.clone(), loaded);
+        }
+        let redaction = self
+            .redactions
+            .entry(record.task.clone())
+            .or_insert_with(Redaction::unknown);
+        if let Some(patch) = record.data.get("patch") {
+            redaction.add_patch(patch);
+        }
+        event_of(record, redaction)
+    }
 }
 
 /// Completes once the shutdown has started; never when nobody can start it any more.
@@ -368,8 +421,8 @@ async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-fn event_of(record: &EventRecord) -> Event {
-    let view = EventView::of(record);
+fn event_of(record: &EventRecord, redaction: &Redaction) -> Event {
+    let view = EventView::of(record, redaction);
     let data = serde_json::to_string(&view).unwrap_or_else(|error| {
         tracing::error!(%error, position = %record.position, "an event did not serialise");
         "{}".to_owned()

@@ -1,5 +1,6 @@
 //! A task's history: its steps, any step's state and prompt (rebuilt from the journal and
-//! checked against the recorded hashes), and forks from a step.
+//! checked against the recorded hashes), and forks from a step. Everything shown goes through
+//! the task's [`Redaction`]: write-only values read `[redacted]`.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +22,7 @@ use crate::auth::Caller;
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{
-    AnswerView, IntentView, PromptView, StepDetail, StepPage, StepSummary, TaskView,
+    AnswerView, IntentView, PromptView, Redaction, StepDetail, StepPage, StepSummary, TaskView,
 };
 
 /// Steps per page when the caller gives no `limit`, and the most it may ask for.
@@ -82,6 +83,7 @@ pub async fn list_steps(
     };
     let task = owned_task(&state, &caller, &id).await?;
     let journal = state.store.journal(&task.id).await?;
+    let redaction = Redaction::of_history(state.store.as_ref(), &task, Some(&journal)).await?;
     let mut by_step: BTreeMap<u64, Vec<&JournalEntry>> = BTreeMap::new();
     for entry in &journal {
         if after.is_none_or(|after| entry.step > after) {
@@ -92,7 +94,7 @@ pub async fn list_steps(
     let steps: Vec<StepSummary> = by_step
         .values()
         .take(limit as usize)
-        .filter_map(|answers| StepSummary::of(answers))
+        .filter_map(|answers| StepSummary::of(answers, &redaction))
         .collect();
     let next_cursor = if more {
         steps.last().map(|s| s.step.to_string())
@@ -144,19 +146,20 @@ pub async fn get_step(
         .into_iter()
         .find(|i| i.step == step);
     let observation = state.store.observation(&task.id, step).await?;
+    let redaction = Redaction::of_history(state.store.as_ref(), &task, Some(&journal)).await?;
     Ok(axum::Json(StepDetail {
         step,
-        observation,
+        observation: observation.map(|o| redaction.text(o)),
         accepted: answers
             .iter()
             .find(|e| e.verdict == Verdict::Accepted)
-            .map(|e| AnswerView::of(e)),
+            .map(|e| AnswerView::of(e, &redaction)),
         rejected: answers
             .iter()
             .filter(|e| e.verdict == Verdict::Rejected)
-            .map(|e| AnswerView::of(e))
+            .map(|e| AnswerView::of(e, &redaction))
             .collect(),
-        intent: intent.as_ref().map(IntentView::of),
+        intent: intent.as_ref().map(|i| IntentView::of(i, &redaction)),
     }))
 }
 
@@ -214,7 +217,7 @@ pub async fn state_at_step(
     let step = parse_step(&step)?;
     let task = owned_task(&state, &caller, &id).await?;
     let value = state_at(state.store.as_ref(), &task.id, step, task.version).await?;
-    Ok(axum::Json(value))
+    Ok(axum::Json(Redaction::of_task(&task).state(value)))
 }
 
 /// Which answer of a step a prompt is rebuilt for.
@@ -291,13 +294,18 @@ pub async fn prompt_at_step(
         rebuild_prompt(state.store.as_ref(), &task, step, entry.attempt).await?;
     let text = prompt.text();
     let sha256 = text_hash(&text);
+    let identical = sha256 == recorded;
+    // The model saw the write-only values; whoever reads the prompt here does not.
+    let redaction = Redaction::of_history(state.store.as_ref(), &task, Some(&journal)).await?;
+    let shown = redaction.text(text.clone());
+    let hashes = shown == text;
     Ok(axum::Json(PromptView {
         step,
         attempt: entry.attempt,
-        identical: sha256 == recorded,
-        text,
-        sha256,
-        recorded_sha256: recorded,
+        identical,
+        text: shown,
+        sha256: Some(sha256).filter(|_| hashes),
+        recorded_sha256: Some(recorded).filter(|_| hashes),
         tokens: entry.prompt_tokens,
     }))
 }

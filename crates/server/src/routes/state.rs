@@ -15,6 +15,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::json::{parse_body, read_body};
 use crate::problem::{ApiError, FieldError, Problem};
+use crate::views::{Redaction, shown_state};
 
 /// The ETag of a state at `version`: the version, quoted.
 pub fn etag(version: u64) -> String {
@@ -31,7 +32,8 @@ pub(crate) fn matches_etag(header: &str, etag: &str) -> bool {
 
 /// Gets a task's current state.
 ///
-/// The body is the state itself. `ETag` is its version (the number of accepted steps,
+/// The body is the state itself; values the state schema marks `writeOnly` read
+/// `"[redacted]"`. `ETag` is its version (the number of accepted steps,
 /// quoted); send it back as `If-Match` to write the state, or as `If-None-Match` to get a 304
 /// while it is unchanged.
 #[utoipa::path(
@@ -70,7 +72,7 @@ pub async fn get_state(
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        axum::Json::<Value>(task.state).into_response()
+        axum::Json::<Value>(shown_state(&task.skill.schema, task.state)).into_response()
     };
     if let Ok(value) = HeaderValue::from_str(&tag) {
         response.headers_mut().insert(header::ETAG, value);
@@ -214,10 +216,14 @@ pub async fn patch_state(
             // nothing was written, so try again.
             Err(StateWriteError::Store(StoreError::NotFound(_)))
                 if lost_lease_race(&state, &task.id, deadline).await => {}
-            other => break other.map_err(write_error)?,
+            other => {
+                break other
+                    .map_err(|e| Redaction::of_write(&task, &patch).error(write_error(e)))?;
+            }
         }
     };
-    let mut response = axum::Json::<Value>(written.state).into_response();
+    let mut response =
+        axum::Json::<Value>(shown_state(&written.skill.schema, written.state)).into_response();
     if let Ok(value) = HeaderValue::from_str(&etag(written.version)) {
         response.headers_mut().insert(header::ETAG, value);
     }

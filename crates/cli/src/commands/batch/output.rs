@@ -10,6 +10,7 @@ use skillstate_store::prelude::*;
 
 use super::render;
 use super::report::{Report, TaskRow};
+use crate::hidden::Hidden;
 
 /// The result file of a task, from its labels.
 pub fn result_name(row: &TaskRow) -> String {
@@ -42,6 +43,8 @@ pub async fn write(dir: &Path, store: &dyn Store, report: &Report) -> Result<Pat
         .with_context(|| format!("output_dir: cannot create {}", dir.display()))?;
     for row in &report.tasks {
         let task = store.task(&row.id).await?;
+        // An export shows no write-only value of the task's state.
+        let hidden = Hidden::of_task(&task);
         let result = json!({
             "task": row.id,
             "labels": row.labels,
@@ -49,9 +52,9 @@ pub async fn write(dir: &Path, store: &dyn Store, report: &Report) -> Result<Pat
             "task_status": task.status.as_str(),
             "steps": row.steps,
             "tries": row.tries,
-            "failure": row.failure,
-            "outcome": task.outcome,
-            "state": task.state,
+            "failure": row.failure.as_deref().map(|f| hidden.text(f).into_owned()),
+            "outcome": task.outcome.clone().map(|o| hidden.json(o)),
+            "state": hidden.state(task.state.clone()),
             "tokens": row.tokens,
             "prompt_tokens": row.prompt_tokens,
             "input_tokens": row.input_tokens,

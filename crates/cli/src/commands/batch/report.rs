@@ -10,6 +10,7 @@ use skillstate_store::{BatchRecord, BatchState, BatchTask, QueueState, TaskStatu
 
 use super::spec::BatchSpec;
 use crate::config::Config;
+use crate::hidden::Hidden;
 
 /// Where a task stands, as reports count it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -211,7 +212,16 @@ impl Report {
     /// Reads the batch and its tasks and computes the figures.
     pub async fn load(store: &dyn Store, batch: &str, config: &Config) -> anyhow::Result<Self> {
         let batch = store.batch(batch).await?;
-        let tasks = store.batch_tasks(&batch.id).await?;
+        let mut tasks = store.batch_tasks(&batch.id).await?;
+        // A failure quotes rejection messages, which may quote a value: none that the task's
+        // state schema marks write-only.
+        for task in &mut tasks {
+            if let Some(failure) = &task.failure
+                && let Ok(record) = store.task(&task.id).await
+            {
+                task.failure = Some(Hidden::of_task(&record).text(failure).into_owned());
+            }
+        }
         Ok(Self::build(batch, &tasks, config, now_millis()))
     }
 
