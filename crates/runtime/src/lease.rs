@@ -69,6 +69,7 @@ impl HeldLease {
                 store
                     .acquire_lease(task, &claim, ttl_ms, Some(&lease.token))
                     .await?;
+                crate::metrics::lease_taken_over();
             }
             Err(other) => return Err(other.into()),
         }
@@ -209,7 +210,7 @@ pub(crate) fn process_identity() -> String {
 /// `true` only when `process` names a process of this machine and PID namespace that no
 /// longer exists. Anything else (another machine, another container, unreadable) is alive as
 /// far as we can tell: its lease has to expire.
-fn holder_is_gone(process: &str) -> bool {
+pub(crate) fn holder_is_gone(process: &str) -> bool {
     let parts: Vec<&str> = process.split(' ').collect();
     let ["linux", boot, namespace, pid, started] = parts.as_slice() else {
         return false;

@@ -55,6 +55,7 @@ pub const TASKS_SETTLED: &str = "skillstate_tasks_settled_total";
 pub const TASK_RETRIES: &str = "skillstate_task_retries_total";
 pub const TASKS_RELEASED: &str = "skillstate_tasks_released_total";
 pub const LEASES_LOST: &str = "skillstate_leases_lost_total";
+pub const LEASE_TAKEOVERS: &str = "skillstate_lease_takeovers_total";
 
 /// Everything the runtime reports, for `# HELP` lines and the README.
 pub const METRICS: &[MetricInfo] = &[
@@ -111,6 +112,10 @@ pub const METRICS: &[MetricInfo] = &[
     counter(
         TASKS_RELEASED,
         "Tasks a draining worker stopped at a step boundary and left queued for another.",
+    ),
+    counter(
+        LEASE_TAKEOVERS,
+        "Leases taken over: a claim of a task whose lease had expired without being released, or a runner taking a task from a holder that no longer runs.",
     ),
     counter(
         LEASES_LOST,
@@ -199,7 +204,12 @@ pub(crate) fn tool_called(tool: &str, ok: bool) {
 /// What a worker reports, counted whether or not anyone listens to its events.
 pub(crate) fn worker_event(event: &WorkerEvent) {
     match event {
-        WorkerEvent::Claimed { .. } => metrics::counter!(TASKS_CLAIMED).increment(1),
+        WorkerEvent::Claimed { took_over, .. } => {
+            metrics::counter!(TASKS_CLAIMED).increment(1);
+            if *took_over {
+                lease_taken_over();
+            }
+        }
         WorkerEvent::Settled { status, .. } => {
             metrics::counter!(TASKS_SETTLED, "status" => status.as_str()).increment(1);
         }
@@ -209,4 +219,9 @@ pub(crate) fn worker_event(event: &WorkerEvent) {
         // Steps are counted by the runner; a stopped batch shows in its tasks.
         WorkerEvent::Step { .. } | WorkerEvent::BatchStopped { .. } => {}
     }
+}
+
+/// A lease taken over from a holder that died or stalled.
+pub(crate) fn lease_taken_over() {
+    metrics::counter!(LEASE_TAKEOVERS).increment(1);
 }

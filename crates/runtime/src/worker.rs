@@ -127,6 +127,9 @@ pub enum WorkerEvent {
     Claimed {
         task: String,
         tries: u32,
+        /// The task's lease had expired without being released (its last runner died or
+        /// stalled): this worker took it over.
+        took_over: bool,
     },
     Step {
         task: String,
@@ -242,6 +245,7 @@ pub async fn run_worker(
                 WorkerEvent::Claimed {
                     task: claimed.task_id.clone(),
                     tries: claimed.tries,
+                    took_over: claimed.took_over,
                 },
             );
             running.spawn(run_one(

@@ -103,6 +103,9 @@ pub struct Claimed {
     /// Whole-task retries already spent (0 on the first run).
     pub tries: u32,
     pub lease: LeaseInfo,
+    /// The claim replaced a lease that had expired without being released (its holder died
+    /// or stalled): a takeover.
+    pub took_over: bool,
 }
 
 /// How a worker settles a claim.

@@ -175,12 +175,14 @@ impl Queue for PostgresStore {
         // The subquery locks the oldest claimable row, skipping rows other claimers hold
         // locked; a row claimed and committed meanwhile is re-checked against CLAIMABLE and
         // passed over.
+        // A lease still recorded on the picked row expired without being released: a takeover.
         let sql = format!(
-            "WITH now AS (SELECT {NOW_MS} AS ms) \
-             UPDATE tasks SET lease_token = $1, lease_holder = $2, lease_process = $3, lease_acquired_at = now.ms, lease_expires_at = now.ms + $4 \
-             FROM now WHERE tasks.id = (SELECT t.id FROM tasks t, now WHERE {CLAIMABLE} AND ($5::text IS NULL OR t.batch_id = $5) \
+            "WITH now AS (SELECT {NOW_MS} AS ms), \
+             picked AS (SELECT t.id, t.lease_token IS NOT NULL AS took_over FROM tasks t, now WHERE {CLAIMABLE} AND ($5::text IS NULL OR t.batch_id = $5) \
                  ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
-             RETURNING tasks.id, tasks.batch_id, tasks.tries, tasks.lease_token, tasks.lease_holder, tasks.lease_process, tasks.lease_acquired_at, tasks.lease_expires_at"
+             UPDATE tasks SET lease_token = $1, lease_holder = $2, lease_process = $3, lease_acquired_at = now.ms, lease_expires_at = now.ms + $4 \
+             FROM now, picked WHERE tasks.id = picked.id \
+             RETURNING tasks.id, tasks.batch_id, tasks.tries, tasks.lease_token, tasks.lease_holder, tasks.lease_process, tasks.lease_acquired_at, tasks.lease_expires_at, picked.took_over"
         );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(&claim.token)
@@ -200,6 +202,7 @@ impl Queue for PostgresStore {
                 batch_id: row.try_get("batch_id")?,
                 tries: u32::try_from(row.try_get::<i64, _>("tries")?.max(0)).unwrap_or(u32::MAX),
                 lease,
+                took_over: row.try_get("took_over")?,
             })
         })
         .transpose()

@@ -110,15 +110,27 @@ pub(super) struct Claim {
 
 impl Claim {
     pub(super) fn run(&self, conn: &Connection) -> OpResult<Option<Claimed>> {
-        // Claimable: queued, past its backoff, nobody's lease, its batch open; oldest first.
+        // Claimable: queued, past its backoff, nobody's lease, its batch open; oldest first. A
+        // lease still recorded there expired without being released: the claim takes it over.
+        // The writer is the only one writing, so the pick and the claim are one decision.
+        let picked = conn
+            .prepare_cached(
+                "SELECT t.id, t.lease_token IS NOT NULL FROM tasks t WHERE t.queue = 'queued' AND (t.not_before IS NULL OR t.not_before <= ?1) \
+                     AND (t.lease_token IS NULL OR t.lease_expires_at <= ?1) \
+                     AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') \
+                     AND (?2 IS NULL OR t.batch_id = ?2) ORDER BY t.created_at, t.id LIMIT 1",
+            )?
+            .query_row(params![self.now, self.batch], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
+            })
+            .optional()?;
+        let Some((picked, took_over)) = picked else {
+            return Ok(None);
+        };
         let claimed = conn
             .prepare_cached(
                 "UPDATE tasks SET lease_token = ?2, lease_holder = ?3, lease_process = ?4, lease_acquired_at = ?1, lease_expires_at = ?5 \
-                 WHERE id = (SELECT t.id FROM tasks t WHERE t.queue = 'queued' AND (t.not_before IS NULL OR t.not_before <= ?1) \
-                     AND (t.lease_token IS NULL OR t.lease_expires_at <= ?1) \
-                     AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') \
-                     AND (?6 IS NULL OR t.batch_id = ?6) ORDER BY t.created_at, t.id LIMIT 1) \
-                 RETURNING id, batch_id, tries",
+                 WHERE id = ?6 RETURNING id, batch_id, tries",
             )?
             .query_row(
                 params![
@@ -127,7 +139,7 @@ impl Claim {
                     self.claim.holder,
                     self.claim.process,
                     self.expires_at,
-                    self.batch
+                    picked
                 ],
                 |row| {
                     Ok((
@@ -149,6 +161,7 @@ impl Claim {
                 acquired_at: self.now,
                 expires_at: self.expires_at,
             },
+            took_over,
         }))
     }
 }

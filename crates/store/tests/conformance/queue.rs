@@ -664,3 +664,36 @@ async fn queue_depth_counts_queued_tasks_by_state() -> anyhow::Result<()> {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_an_expired_lease_says_it_took_the_task_over() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        store.queue_task(&task.id).await?;
+        // A first claim with a lease that runs out at once; its holder never comes back.
+        let first = store
+            .claim_task(&claim("gone"), 1, None)
+            .await?
+            .context("the first claim")?;
+        assert!(!first.took_over, "nobody held the task before");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let second = store
+            .claim_task(&claim("next"), 60_000, None)
+            .await?
+            .context("the expired lease makes the task claimable")?;
+        assert_eq!(second.task_id, task.id);
+        assert!(second.took_over, "the expired lease was taken over");
+        // Released properly, the next claim takes over nothing.
+        store
+            .settle_claim(&task.id, "next", &Settle::RetryAt { not_before: 0 }, None)
+            .await?;
+        let third = store
+            .claim_task(&claim("third"), 60_000, None)
+            .await?
+            .context("queued again")?;
+        assert!(!third.took_over);
+        Ok(())
+    })
+    .await
+}
