@@ -31,6 +31,8 @@ use std::collections::HashMap;
 
 use skillstate_store::{EventKind, EventQuery, EventRecord, Store, StoreError};
 use tokio::sync::watch;
+use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr};
 use utoipa::{IntoParams, ToSchema};
 
 use super::owned_task;
@@ -124,6 +126,53 @@ impl EventView {
     }
 }
 
+/// One event of a stream, as the SSE wire format carries it (OpenAPI 3.1: the schema of a
+/// `text/event-stream` response describes each event): `id` is the event's durable position,
+/// `event` its kind, `data` JSON — an [`EventView`], or for the stream's last event a shutdown
+/// notice (`{"detail"}`) or a [`Problem`] (`error`).
+pub struct SseEvent;
+
+impl utoipa::PartialSchema for SseEvent {
+    fn schema() -> RefOr<Schema> {
+        let text = |description: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(description))
+        };
+        let notice = ObjectBuilder::new()
+            .title(Some("ShutdownNotice"))
+            .property("detail", text("Why the stream ends, and how to resume it"))
+            .required("detail");
+        let data = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("The event's JSON"))
+            .content_media_type("application/json")
+            .content_schema(Some(
+                AnyOfBuilder::new()
+                    .item(Ref::from_schema_name("EventView"))
+                    .item(notice)
+                    .item(Ref::from_schema_name("Problem")),
+            ));
+        let kinds = [
+            "created", "step", "rejected", "action", "status", "message", "shutdown", "error",
+        ];
+        ObjectBuilder::new()
+            .property(
+                "id",
+                text("The event's durable position; send it back as Last-Event-ID to resume after it (absent on `shutdown` and `error`)"),
+            )
+            .property(
+                "event",
+                text("The event's kind").enum_values(Some(kinds)),
+            )
+            .property("data", data)
+            .required("data")
+            .into()
+    }
+}
+
+impl ToSchema for SseEvent {}
+
 /// Where a stream starts.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -149,7 +198,7 @@ pub struct EventsQuery {
         EventsQuery,
     ),
     responses(
-        (status = 200, description = "The event stream; each event's `data` is an EventView", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "The event stream; each event's `data` is an EventView (a `shutdown` event's a notice, an `error` event's a Problem)", body = inline(SseEvent), content_type = "text/event-stream"),
         (status = 400, description = "The position in Last-Event-ID or `after` is not one of this server's", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
@@ -182,7 +231,7 @@ pub async fn task_events(
         EventsQuery,
     ),
     responses(
-        (status = 200, description = "The event stream; each event's `data` is an EventView", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "The event stream; each event's `data` is an EventView (a `shutdown` event's a notice, an `error` event's a Problem)", body = inline(SseEvent), content_type = "text/event-stream"),
         (status = 400, description = "The position in Last-Event-ID or `after` is not one of this server's", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),

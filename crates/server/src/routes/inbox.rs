@@ -192,6 +192,7 @@ pub async fn list_messages(
         (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The task is not waiting for approval, or a decision is already waiting", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not a JSON body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The body has members this route does not take (it takes `{}`)", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
