@@ -9,8 +9,8 @@ use skillstate_tools::ToolOutput;
 
 use super::{load_skill, world_for};
 use crate::config::{lease_policy, load_config, open_store};
-use crate::model::{ModelArgs, build_model};
 use crate::hidden::shown_outcome;
+use crate::model::{ModelArgs, build_model};
 use crate::render::outcome_line;
 
 #[derive(clap::Args)]
