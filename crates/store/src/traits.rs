@@ -116,6 +116,19 @@ pub trait Leases: Send + Sync {
     async fn release_lease(&self, task: &str, token: &str) -> Result<()>;
     /// The current lease of `task`, expired or not.
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>>;
+    /// Commits an accepted step written from outside any runner (state written through the
+    /// API) without taking the lease: refused with `StoreError::Leased` naming the holder
+    /// while anyone holds an unexpired lease on `task`, and with `Conflict` when the task is
+    /// no longer at `expected_version`; otherwise exactly `Journal::commit_step`. The lease
+    /// check and the commit are one transaction, so the step never interleaves with a
+    /// runner's (a runner that takes the lease afterwards reads the new state), and the
+    /// write costs one commit instead of three (take the lease, commit, release it).
+    async fn commit_unleased_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()>;
 }
 
 /// What a task occupies in the store, in bytes of stored text.

@@ -19,6 +19,9 @@ mod queue;
 #[path = "conformance/service.rs"]
 mod service;
 
+#[path = "conformance/state_writes.rs"]
+mod state_writes;
+
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Once};

@@ -116,26 +116,11 @@ async fn complete_intent(
     Ok(())
 }
 
-#[async_trait]
-impl Journal for PostgresStore {
-    async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
-        let now = now_millis();
-        let errors = entry.errors.as_ref().map(to_json);
-        let event = rejected_data(entry.step, entry.attempt, errors.as_deref());
-        let mut tx = self.pool.begin().await?;
-        insert_entry(&mut tx, task, entry).await?;
-        sqlx::query("UPDATE tasks SET updated_at = $1 WHERE id = $2")
-            .bind(now)
-            .bind(task)
-            .execute(&mut *tx)
-            .await?;
-        insert_events(&mut tx, task, vec![("rejected", None, event)], now).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn commit_step(
+impl PostgresStore {
+    /// `Journal::commit_step` in `tx`, which may have checked something first (a lease).
+    pub(super) async fn commit_step_in(
         &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
         task: &str,
         expected_version: u64,
         commit: &StepCommit,
@@ -146,7 +131,6 @@ impl Journal for PostgresStore {
             Some((status, outcome)) => (Some(status.as_str()), outcome.as_ref().map(to_json)),
             None => (None, None),
         };
-        let mut tx = self.pool.begin().await?;
         // The events go in last, in one statement: the held-back result's, the step's, and
         // the status change's.
         let mut events: Vec<NewEvent> = Vec::with_capacity(3);
@@ -231,6 +215,36 @@ impl Journal for PostgresStore {
         insert_events(&mut tx, task, events, now).await?;
         tx.commit().await?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl Journal for PostgresStore {
+    async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
+        let now = now_millis();
+        let errors = entry.errors.as_ref().map(to_json);
+        let event = rejected_data(entry.step, entry.attempt, errors.as_deref());
+        let mut tx = self.pool.begin().await?;
+        insert_entry(&mut tx, task, entry).await?;
+        sqlx::query("UPDATE tasks SET updated_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        insert_events(&mut tx, task, vec![("rejected", None, event)], now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn commit_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()> {
+        let tx = self.pool.begin().await?;
+        self.commit_step_in(tx, task, expected_version, commit)
+            .await
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {

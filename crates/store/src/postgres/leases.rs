@@ -1,6 +1,8 @@
-//! Execution leases on PostgreSQL: one atomic UPDATE each, timed by the server's clock.
+//! Execution leases on PostgreSQL: one atomic UPDATE each, timed by the server's clock; a step
+//! written without the lease checks it with the task's row locked until the step commits.
 
 use async_trait::async_trait;
+use sqlx::Row;
 
 use super::PostgresStore;
 use crate::model::*;
@@ -88,6 +90,37 @@ impl Leases for PostgresStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn commit_unleased_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()> {
+        // The row stays locked until the step is committed: no runner takes the lease between
+        // the check and the step. The server's clock decides expiry, as when leases are taken.
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at, \
+             lease_expires_at > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS live \
+             FROM tasks WHERE id = $1 FOR NO KEY UPDATE",
+        )
+        .bind(task)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        if let Some(lease) = lease_from_row(&row)?
+            && row.try_get::<Option<bool>, _>("live")?.unwrap_or(false)
+        {
+            tx.rollback().await?;
+            return Err(StoreError::Leased {
+                task: task.to_owned(),
+                lease: Box::new(lease),
+            });
+        }
+        self.commit_step_in(tx, task, expected_version, commit)
+            .await
     }
 
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {

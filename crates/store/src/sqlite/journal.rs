@@ -68,6 +68,9 @@ impl Journal for SqliteStore {
     }
 
     async fn observation(&self, task: &str, step: u64) -> Result<Option<String>> {
+        if let Some(text) = self.readers.observation(task, step) {
+            return Ok(text);
+        }
         Ok(
             sqlx::query_scalar("SELECT text FROM observations WHERE task_id = ? AND step = ?")
                 .bind(task)
@@ -89,6 +92,9 @@ impl Journal for SqliteStore {
     }
 
     async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>> {
+        if let Some(intents) = self.readers.intents(task) {
+            return intents;
+        }
         let rows = sqlx::query("SELECT * FROM intents WHERE task_id = ? ORDER BY step")
             .bind(task)
             .fetch_all(&self.pool)

@@ -1,6 +1,7 @@
 //! Execution leases on SQLite: an acquisition is one immediate transaction (the attempt and the
-//! read of the holder); heartbeats and releases are one UPDATE each, in the group-commit
-//! writer's groups.
+//! read of the holder); heartbeats and releases are one UPDATE each, and a step written without
+//! the lease checks it in the same savepoint (`ops_state.rs`), in the group-commit writer's
+//! groups.
 
 use async_trait::async_trait;
 use sqlx::Connection;
@@ -8,6 +9,8 @@ use sqlx::Connection;
 use super::SqliteStore;
 use super::ops::Write;
 use super::ops_queue::{Release, Renew};
+use super::ops_state::UnleasedStep;
+use super::ops_steps::Step;
 use crate::model::*;
 use crate::rows::lease_from_row;
 use crate::{Leases, Result, StoreError, now_millis};
@@ -78,6 +81,21 @@ impl Leases for SqliteStore {
         self.write_done(Write::Release(Release {
             task: task.to_owned(),
             token: token.to_owned(),
+        }))
+        .await
+    }
+
+    async fn commit_unleased_step(
+        &self,
+        task: &str,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<()> {
+        let now = now_millis();
+        self.write_done(Write::UnleasedStep(UnleasedStep {
+            task: task.to_owned(),
+            step: Step::new(task, expected_version, commit, self.snapshot_every, now),
+            now,
         }))
         .await
     }

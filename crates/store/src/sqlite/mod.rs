@@ -20,9 +20,11 @@ mod leases;
 mod ops;
 mod ops_keys;
 mod ops_queue;
+mod ops_state;
 mod ops_steps;
 mod ops_tasks;
 mod queue;
+mod reads;
 mod report;
 mod service;
 mod tasks;
@@ -75,6 +77,8 @@ pub enum Synchronous {
 pub struct SqliteStore {
     /// Reads, and the writes off the hot path during the writer's turns.
     pool: SqlitePool,
+    /// The hot point reads, on the caller's thread (`reads.rs`); the pool when they cannot.
+    readers: reads::Readers,
     snapshot_every: u64,
     /// The group-commit writer, started at the first write.
     writer: tokio::sync::OnceCell<Writer>,
@@ -196,6 +200,7 @@ impl SqliteStore {
         };
         Ok(Self {
             pool,
+            readers: reads::Readers::new(&path),
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             writer: tokio::sync::OnceCell::new(),
             path,

@@ -1,14 +1,15 @@
 //! The writes that go through the group-commit writer (`writer.rs`) as owned values, with every
 //! JSON column already serialised by the caller, so the writer only runs SQL: new tasks
 //! (`ops_tasks.rs`), steps, rejections, tool results and statuses with their events
-//! (`ops_steps.rs`), lease heartbeats and releases, claims, settles and rate windows
-//! (`ops_queue.rs`), API keys (`ops_keys.rs`). Each runs inside the transaction the writer
-//! opened, on the writer's own connection.
+//! (`ops_steps.rs`), steps written from outside a runner (`ops_state.rs`), lease heartbeats
+//! and releases, claims, settles and rate windows (`ops_queue.rs`), API keys (`ops_keys.rs`).
+//! Each runs inside the transaction the writer opened, on the writer's own connection.
 
 use rusqlite::Connection;
 
 use super::ops_keys::{NewKey, RevokeKey};
 use super::ops_queue::{Claim, Rate, RateTokens, Release, Renew, Settle};
+use super::ops_state::UnleasedStep;
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
 use super::ops_tasks::{NewTasks, OwnedTask};
 use crate::StoreError;
@@ -21,6 +22,7 @@ pub(super) enum Write {
     NewTasks(NewTasks),
     OwnedTask(OwnedTask),
     Step(Step),
+    UnleasedStep(UnleasedStep),
     Rejection(Rejection),
     ActionDone(ActionDone),
     Status(Status),
@@ -91,6 +93,7 @@ impl Write {
                 .run(conn)
                 .map(|(id, created)| Reply::Task(id, created)),
             Write::Step(write) => write.run(conn).map(|()| Reply::Done),
+            Write::UnleasedStep(write) => write.run(conn).map(|()| Reply::Done),
             Write::Rejection(write) => write.run(conn).map(|()| Reply::Done),
             Write::ActionDone(write) => write.run(conn).map(|()| Reply::Done),
             Write::Status(write) => write.run(conn).map(|()| Reply::Done),

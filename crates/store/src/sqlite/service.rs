@@ -92,6 +92,9 @@ impl Keys for SqliteStore {
     }
 
     async fn key_by_hash(&self, secret_hash: &str) -> Result<Option<KeyRecord>> {
+        if let Some(key) = self.readers.key_by_hash(secret_hash) {
+            return key;
+        }
         let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?");
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(secret_hash)

@@ -28,6 +28,9 @@ impl Tasks for SqliteStore {
     }
 
     async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord> {
+        if let Some(task) = self.readers.task(id_or_prefix) {
+            return task;
+        }
         let id = self.resolve_id(id_or_prefix).await?;
         let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))

@@ -1,0 +1,195 @@
+//! Steps written from outside any runner without taking the lease
+//! (`Leases::commit_unleased_step`), on both backends: refused while a live lease is held,
+//! stale versions refused, racing writers of one version settled by the version.
+
+use super::*;
+
+/// A state write's commit: no action, the author recorded.
+fn unleased_commit(step: u64, state: &Value, patch: Value) -> StepCommit {
+    let mut commit = step_commit(step, state, patch, false);
+    commit.entry.action = None;
+    commit.entry.author = Some("key-1".into());
+    commit.next_observation = Some(format!("observation {} (changed)", step + 1));
+    commit
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unleased_step_commits_only_while_nobody_holds_the_lease() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+
+        // Free: committed like any step, with its author and the next observation.
+        let first = unleased_commit(1, &task.state, json!({"a": 1}));
+        store.commit_unleased_step(&task.id, 0, &first).await?;
+        let after = store.task(&task.id).await?;
+        assert_eq!((after.version, &after.state), (1, &json!({"a": 1})));
+        let journal = store.journal(&task.id).await?;
+        assert_eq!(journal.len(), 1);
+        assert_eq!(journal[0].author.as_deref(), Some("key-1"));
+        assert_eq!(
+            store.observation(&task.id, 2).await?.as_deref(),
+            Some("observation 2 (changed)")
+        );
+        // The write took no lease.
+        assert_eq!(store.lease(&task.id).await?, None);
+
+        // Held: refused, naming the holder; nothing written.
+        store
+            .acquire_lease(&task.id, &claim("a"), 60_000, None)
+            .await?;
+        let second = unleased_commit(2, &after.state, json!({"b": 2}));
+        match store.commit_unleased_step(&task.id, 1, &second).await {
+            Err(StoreError::Leased { lease, .. }) => assert_eq!(lease.holder, "runner a"),
+            other => bail!("a write while a runner holds the lease: {other:?}"),
+        }
+        assert_eq!(store.task(&task.id).await?.version, 1);
+        assert_eq!(store.journal(&task.id).await?.len(), 1);
+        // While the lease is held, the lease answers first, whatever the version: the writer
+        // learns that a runner drives the task.
+        match store.commit_unleased_step(&task.id, 0, &second).await {
+            Err(StoreError::Leased { .. }) => {}
+            other => bail!("a stale write while a runner holds the lease: {other:?}"),
+        }
+
+        // Released: the write goes through; the runner's next lease reads its state.
+        store.release_lease(&task.id, "a").await?;
+        store.commit_unleased_step(&task.id, 1, &second).await?;
+        assert_eq!(store.task(&task.id).await?.version, 2);
+
+        // Expired: free for the writer too, and the expired lease is left as it was.
+        store.acquire_lease(&task.id, &claim("b"), 1, None).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let state = store.task(&task.id).await?.state;
+        store
+            .commit_unleased_step(&task.id, 2, &unleased_commit(3, &state, json!({"c": 3})))
+            .await?;
+        assert_eq!(
+            store.lease(&task.id).await?.map(|l| l.token),
+            Some("b".into())
+        );
+
+        // Stale: the version decides, and says which is current.
+        let state = store.task(&task.id).await?.state;
+        match store
+            .commit_unleased_step(&task.id, 1, &unleased_commit(2, &state, json!({"d": 4})))
+            .await
+        {
+            Err(StoreError::Conflict {
+                expected: 1,
+                actual: 3,
+                ..
+            }) => {}
+            other => bail!("a stale write: {other:?}"),
+        }
+        assert!(matches!(
+            store.commit_unleased_step("no-such-task", 0, &first).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(store.journal(&task.id).await?.len(), 3);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_unleased_writers_of_one_version_commit_once() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let barrier = Arc::new(Barrier::new(8));
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, barrier, task) = (store.clone(), barrier.clone(), task.clone());
+                tokio::spawn(async move {
+                    let commit = unleased_commit(1, &task.state, json!({ "writer": i }));
+                    barrier.wait().await;
+                    store.commit_unleased_step(&task.id, 0, &commit).await
+                })
+            })
+            .collect();
+        let mut committed = 0;
+        for racer in racers {
+            match racer.await? {
+                Ok(()) => committed += 1,
+                Err(StoreError::Conflict { actual: 1, .. }) => {}
+                Err(other) => bail!("unexpected: {other}"),
+            }
+        }
+        assert_eq!(committed, 1);
+        assert_eq!(store.journal(&task.id).await?.len(), 1);
+        Ok(())
+    })
+    .await
+}
+
+/// Writers and runners on one task at once: a writer is refused (`Leased`) or commits between
+/// two runners, never inside one; every runner reads, under its lease, the version its commit
+/// then extends, so no commit is ever stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unleased_writers_never_land_inside_a_runners_lease() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let runners: Vec<_> = (0..2)
+            .map(|r| {
+                let (store, id) = (store.clone(), task.id.clone());
+                tokio::spawn(async move {
+                    let mut steps = 0;
+                    for round in 0..30 {
+                        let token = format!("runner-{r}-{round}");
+                        match store.acquire_lease(&id, &claim(&token), 60_000, None).await {
+                            Ok(_) => {}
+                            Err(StoreError::Leased { .. }) => continue,
+                            Err(other) => bail!("runner {r}: {other}"),
+                        }
+                        let now = store.task(&id).await?;
+                        tokio::task::yield_now().await;
+                        let commit = step_commit(
+                            now.version + 1,
+                            &now.state,
+                            json!({ "runner": token }),
+                            false,
+                        );
+                        // Under the lease nobody else writes: the version read is current.
+                        store.commit_step(&id, now.version, &commit).await?;
+                        store.release_lease(&id, &token).await?;
+                        steps += 1;
+                    }
+                    anyhow::Ok(steps)
+                })
+            })
+            .collect();
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (store, id) = (store.clone(), task.id.clone());
+                tokio::spawn(async move {
+                    let mut steps = 0;
+                    for round in 0..30 {
+                        let now = store.task(&id).await?;
+                        let commit = unleased_commit(
+                            now.version + 1,
+                            &now.state,
+                            json!({ "writer": format!("{w}-{round}") }),
+                        );
+                        match store.commit_unleased_step(&id, now.version, &commit).await {
+                            Ok(()) => steps += 1,
+                            Err(StoreError::Leased { .. } | StoreError::Conflict { .. }) => {}
+                            Err(other) => bail!("writer {w}: {other}"),
+                        }
+                    }
+                    anyhow::Ok(steps)
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for handle in runners.into_iter().chain(writers) {
+            total += handle.await??;
+        }
+        let after = store.task(&task.id).await?;
+        assert_eq!(after.version, total);
+        assert_eq!(store.journal(&task.id).await?.len() as u64, total);
+        Ok(())
+    })
+    .await
+}
