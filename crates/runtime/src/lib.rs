@@ -23,7 +23,7 @@ pub use lineage::{JournalCheck, fork_task, verify_journal};
 pub use rate::SharedRateLimit;
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
-pub use state_write::{StateWrite, StateWriteError, write_state};
+pub use state_write::{StateWrite, StateWriteError, Written, write_state, write_state_read};
 pub use step_loop::{
     NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, prepare_task, start_task,
 };

@@ -3,21 +3,25 @@
 //! Such a write is a step like any other: it names the version it replaces (`If-Match`), goes
 //! through the same checks as a model's `state_patch` (patch shape, read-only locations,
 //! schema, state budget), and is journaled as an accepted step with its author, so time
-//! travel, replay and hash checks cover it. It never interleaves with a runner: the writer
-//! takes the task's execution lease for the write, so a task that a live runner is driving
-//! (mid-step, between steps, waiting on its model) is refused with `Busy` instead of racing
-//! it; so is a task whose last action is still in flight or waiting for a human (`Pending`).
+//! travel, replay and hash checks cover it. It never interleaves with a runner: its step
+//! commits only while nobody holds the task's execution lease, checked in the same transaction
+//! (`Leases::commit_unleased_step`), so a task that a live runner is driving (mid-step, between
+//! steps, waiting on its model) is refused with `Busy` instead of racing it; so is a task whose
+//! last action is still in flight or waiting for a human (`Pending`). The write itself takes no
+//! lease: one commit, shared with whatever else commits at that moment.
 //! The observation the task's next step would have started from carries over to the step
 //! after the write, with a note that the state was changed.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use skillstate_core::{Rejection, validate_patch};
-use skillstate_store::{JournalEntry, StepCommit, Store, StoreError, TaskRecord, Verdict};
+use skillstate_core::{Rejection, StateSchema, validate_patch};
+use skillstate_store::{
+    JournalEntry, LeaseInfo, StepCommit, Store, StoreError, TaskRecord, Verdict,
+};
 
-use crate::frame::TaskFrame;
-use crate::lease::{HeldLease, LeasePolicy};
+use crate::lease::{HeldLease, LeasePolicy, holder_is_gone};
 use crate::step_loop::now_millis;
 
 /// Added to the observation the task's next step starts from.
@@ -82,54 +86,187 @@ pub async fn write_state(
     store: &Arc<dyn Store>,
     write: &StateWrite<'_>,
 ) -> Result<TaskRecord, StateWriteError> {
+    let mut task = store.task(write.task).await?;
+    let written = write_state_read(store, &task, write).await?;
+    task.version = written.version;
+    task.state = written.state;
+    task.updated_at = written.at;
+    Ok(task)
+}
+
+/// What a state write made: the task's new version and state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    pub version: u64,
+    pub state: Value,
+    /// When it was written (unix milliseconds, this process's clock).
+    pub at: i64,
+}
+
+/// [`write_state`] for a task the caller has just read (`task` is `write.task`'s record; the
+/// service reads it anyway, to check its tenant). The version the write applies to is checked
+/// again when it commits, so a record that is no longer current only makes the write stale.
+///
+/// The write takes no lease: its step commits only while nobody holds one
+/// (`Leases::commit_unleased_step`), in one transaction with the version check, so it never
+/// lands inside a runner's work and costs one commit. A holder that is provably gone (a dead
+/// process of this machine) is taken over as runners take it over, and the write is then made
+/// under that lease.
+pub async fn write_state_read(
+    store: &Arc<dyn Store>,
+    task: &TaskRecord,
+    write: &StateWrite<'_>,
+) -> Result<Written, StateWriteError> {
+    // Another state write may hold the lease for the moment of its write (one taking over from
+    // a dead holder, or a process of an older version): wait for it (then the version check
+    // decides), but never for a runner.
+    let deadline = tokio::time::Instant::now() + WRITER_WAIT;
+    let mut reread: Option<TaskRecord> = None;
+    loop {
+        let task = reread.as_ref().unwrap_or(task);
+        let prepared = match prepare(store.as_ref(), task, write).await {
+            Ok(prepared) => prepared,
+            // A runner driving the task is what the writer needs to hear first.
+            Err(refused) => return Err(busy_first(store.as_ref(), &task.id, refused).await),
+        };
+        let lease = match store
+            .commit_unleased_step(&task.id, task.version, &prepared.commit)
+            .await
+        {
+            Ok(()) => return Ok(prepared.written()),
+            Err(StoreError::Conflict { actual, .. }) => {
+                return Err(StateWriteError::Stale {
+                    task: task.id.clone(),
+                    expected: write.if_match,
+                    current: actual,
+                });
+            }
+            Err(StoreError::Leased { lease, .. }) => lease,
+            Err(other) => return Err(other.into()),
+        };
+        if is_state_writer(&lease) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        } else if holder_is_gone(&lease.process) {
+            return write_leased(store, write).await;
+        } else {
+            return Err(StateWriteError::Busy {
+                task: task.id.clone(),
+                holder: lease.holder,
+            });
+        }
+        reread = Some(store.task(&task.id).await?);
+    }
+}
+
+/// Whether `lease` is held by a state write (whose hold lasts one write).
+fn is_state_writer(lease: &LeaseInfo) -> bool {
+    lease.holder.starts_with(&format!("`{WRITER_LABEL} "))
+}
+
+/// `refused` — unless a runner holds the task's lease, which is then the answer (`Busy`), as
+/// when the lease was taken before anything else was checked.
+async fn busy_first(store: &dyn Store, task: &str, refused: StateWriteError) -> StateWriteError {
+    if !matches!(
+        refused,
+        StateWriteError::Stale { .. }
+            | StateWriteError::Pending { .. }
+            | StateWriteError::Rejected { .. }
+    ) {
+        return refused;
+    }
+    match store.lease(task).await {
+        Ok(Some(lease))
+            if lease.expires_at > now_millis()
+                && !is_state_writer(&lease)
+                && !holder_is_gone(&lease.process) =>
+        {
+            StateWriteError::Busy {
+                task: task.to_owned(),
+                holder: lease.holder,
+            }
+        }
+        _ => refused,
+    }
+}
+
+/// The write under the task's lease, taken over from a holder that is gone.
+async fn write_leased(
+    store: &Arc<dyn Store>,
+    write: &StateWrite<'_>,
+) -> Result<Written, StateWriteError> {
     let policy = LeasePolicy {
         label: format!("{WRITER_LABEL} {}", write.author),
         ..LeasePolicy::default()
     };
-    // Another state write holds the lease only for the moment of its write: wait for it (then
-    // the version check decides), but never for a runner.
-    let deadline = tokio::time::Instant::now() + WRITER_WAIT;
-    let lease = loop {
-        match HeldLease::acquire(store.clone(), write.task, &policy).await {
-            Ok(lease) => break lease,
-            Err(crate::RuntimeError::Store(StoreError::Leased { lease, .. }))
-                if lease.holder.starts_with(&format!("`{WRITER_LABEL} "))
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            Err(crate::RuntimeError::Store(StoreError::Leased { lease, .. })) => {
-                return Err(StateWriteError::Busy {
-                    task: write.task.to_owned(),
-                    holder: lease.holder,
-                });
-            }
-            Err(crate::RuntimeError::Store(error)) => return Err(error.into()),
-            Err(other) => {
-                return Err(StateWriteError::StoredTask {
-                    task: write.task.to_owned(),
-                    message: other.to_string(),
-                });
-            }
+    let lease = match HeldLease::acquire(store.clone(), write.task, &policy).await {
+        Ok(lease) => lease,
+        Err(crate::RuntimeError::Store(StoreError::Leased { lease, .. })) => {
+            return Err(StateWriteError::Busy {
+                task: write.task.to_owned(),
+                holder: lease.holder,
+            });
+        }
+        Err(crate::RuntimeError::Store(error)) => return Err(error.into()),
+        Err(other) => {
+            return Err(StateWriteError::StoredTask {
+                task: write.task.to_owned(),
+                message: other.to_string(),
+            });
         }
     };
-    let result = write_held(store.as_ref(), write).await;
+    let result = async {
+        let task = store.task(write.task).await?;
+        let prepared = prepare(store.as_ref(), &task, write).await?;
+        match store
+            .commit_step(&task.id, task.version, &prepared.commit)
+            .await
+        {
+            Ok(()) => Ok(prepared.written()),
+            Err(StoreError::Conflict { actual, .. }) => Err(StateWriteError::Stale {
+                task: task.id,
+                expected: write.if_match,
+                current: actual,
+            }),
+            Err(other) => Err(other.into()),
+        }
+    }
+    .await;
     lease.release().await;
     result
 }
 
-async fn write_held(
+/// A checked write, ready to commit.
+struct Prepared {
+    commit: StepCommit,
+}
+
+impl Prepared {
+    /// What the write made, once its commit is in.
+    fn written(self) -> Written {
+        Written {
+            version: self.commit.entry.step,
+            state: self.commit.new_state,
+            at: self.commit.entry.created_at,
+        }
+    }
+}
+
+/// Checks `write` against `task` as read: the version, no action waiting, the patch through
+/// the state checks; and builds the step.
+async fn prepare(
     store: &dyn Store,
+    task: &TaskRecord,
     write: &StateWrite<'_>,
-) -> Result<TaskRecord, StateWriteError> {
-    let task = store.task(write.task).await?;
+) -> Result<Prepared, StateWriteError> {
     if task.version != write.if_match {
         return Err(StateWriteError::Stale {
-            task: task.id,
+            task: task.id.clone(),
             expected: write.if_match,
             current: task.version,
         });
     }
+    // A pending intent at the current step appears only with a step (a new version), so the
+    // version check of the commit covers one appearing after this read.
     if let Some(intent) = store
         .intents(&task.id)
         .await?
@@ -142,17 +279,14 @@ async fn write_held(
             _ => "in flight",
         };
         return Err(StateWriteError::Pending {
-            task: task.id,
+            task: task.id.clone(),
             step: intent.step,
             what,
         });
     }
-    let frame = TaskFrame::new(&task).map_err(|e| StateWriteError::StoredTask {
-        task: task.id.clone(),
-        message: e.to_string(),
-    })?;
-    let budget = frame.skill.settings().budgets.state_tokens;
-    let accepted = validate_patch(&frame.skill.schema, budget, &task.state, write.patch)
+    let schema = compiled_schema(task)?;
+    let budget = task.skill.settings.budgets.state_tokens;
+    let accepted = validate_patch(&schema, budget, &task.state, write.patch)
         .map_err(|rejections| StateWriteError::Rejected { rejections })?;
     let step = task.version + 1;
     // The observation the next model step would have read, plus a note; it opens the step
@@ -163,40 +297,65 @@ async fn write_held(
     } else {
         format!("{carried}\n\n{CHANGED_NOTE}")
     };
-    let commit = StepCommit {
-        entry: JournalEntry {
-            step,
-            attempt: 1,
-            verdict: Verdict::Accepted,
-            output: write.patch.to_string(),
-            patch: Some(accepted.patch.to_value()),
-            action: None,
-            errors: None,
-            state_hash: Some(accepted.state_hash.clone()),
-            prompt_tokens: 0,
-            output_tokens: None,
-            prompt_hash: String::new(),
-            usage: None,
-            latency_ms: 0,
-            created_at: now_millis(),
-            author: Some(write.author.to_owned()),
+    Ok(Prepared {
+        commit: StepCommit {
+            entry: JournalEntry {
+                step,
+                attempt: 1,
+                verdict: Verdict::Accepted,
+                output: write.patch.to_string(),
+                patch: Some(accepted.patch.to_value()),
+                action: None,
+                errors: None,
+                state_hash: Some(accepted.state_hash.clone()),
+                prompt_tokens: 0,
+                output_tokens: None,
+                prompt_hash: String::new(),
+                usage: None,
+                latency_ms: 0,
+                created_at: now_millis(),
+                author: Some(write.author.to_owned()),
+            },
+            new_state: accepted.new_state,
+            intent: None,
+            status: None,
+            previous_result: None,
+            next_observation: Some(next_observation),
         },
-        new_state: accepted.new_state,
-        intent: None,
-        status: None,
-        previous_result: None,
-        next_observation: Some(next_observation),
-    };
-    match store.commit_step(&task.id, task.version, &commit).await {
-        Ok(()) => {}
-        Err(StoreError::Conflict { actual, .. }) => {
-            return Err(StateWriteError::Stale {
-                task: task.id,
-                expected: write.if_match,
-                current: actual,
-            });
-        }
-        Err(other) => return Err(other.into()),
+    })
+}
+
+/// Compiled state schemas by their JSON text: a task's schema is frozen when it is created,
+/// and the tasks of one skill share it, so a write compiles none after the first.
+static SCHEMAS: Mutex<Option<HashMap<String, Arc<StateSchema>>>> = Mutex::new(None);
+/// Schemas kept at most; the cache starts over when full.
+const SCHEMAS_KEPT: usize = 256;
+
+fn compiled_schema(task: &TaskRecord) -> Result<Arc<StateSchema>, StateWriteError> {
+    let key = task.skill.schema.to_string();
+    if let Some(schema) = SCHEMAS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|schemas| schemas.get(&key))
+    {
+        return Ok(schema.clone());
     }
-    Ok(store.task(&task.id).await?)
+    let schema = StateSchema::compile(task.skill.schema.clone()).map_err(|defect| {
+        StateWriteError::StoredTask {
+            task: task.id.clone(),
+            message: format!(
+                "stored state schema is invalid at {}: {}",
+                defect.pointer, defect.message
+            ),
+        }
+    })?;
+    let schema = Arc::new(schema);
+    let mut schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+    let schemas = schemas.get_or_insert_with(HashMap::new);
+    if schemas.len() >= SCHEMAS_KEPT {
+        schemas.clear();
+    }
+    schemas.insert(key, schema.clone());
+    Ok(schema)
 }

@@ -184,3 +184,96 @@ async fn twenty_racing_writes_with_one_version_make_one_step() {
     assert_eq!(store.task(&task.id).await.unwrap().version, 1);
     assert_eq!(store.journal(&task.id).await.unwrap().len(), 1);
 }
+
+/// `linux <boot id> <pid namespace> <pid> <start time>` for this machine, as leases name their
+/// holder's process (`lease.rs`); `started` is the start time given for `pid`.
+fn this_machine(pid: u32, started: &str) -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let namespace = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    format!(
+        "linux {} {} {pid} {started}",
+        boot.trim(),
+        namespace.to_string_lossy()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_is_named_first_and_a_dead_holder_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sqlite, _) = sqlite_store(dir.path()).await;
+    let store: Arc<dyn Store> = sqlite;
+    let task = new_task(&store, 4).await;
+    let ok = json!({"inventory": {"shelf_7": "item_7"}});
+    let bad = json!({"inventory": {"shelf_7": 7}});
+
+    // A live runner: its lease is the answer, whatever else is wrong with the write.
+    let runner = LeaseClaim {
+        token: "runner".into(),
+        holder: "`skillstate run` (pid 1 on elsewhere)".into(),
+        process: "linux another-boot 0 1 1".into(),
+    };
+    store
+        .acquire_lease(&task.id, &runner, 60_000, None)
+        .await
+        .unwrap();
+    for (if_match, patch) in [(3, &ok), (0, &bad)] {
+        match write_state(&store, &write(&task.id, if_match, patch)).await {
+            Err(StateWriteError::Busy { holder, .. }) => assert!(holder.contains("skillstate run")),
+            other => panic!("expected Busy, got {other:?}"),
+        }
+    }
+    store.release_lease(&task.id, "runner").await.unwrap();
+
+    // A holder of this machine that is alive (this very process): refused too.
+    let pid = std::process::id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let started = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .to_owned();
+    let alive = LeaseClaim {
+        token: "alive".into(),
+        holder: "`worker 1` (pid here)".into(),
+        process: this_machine(pid, &started),
+    };
+    store
+        .acquire_lease(&task.id, &alive, 60_000, None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        write_state(&store, &write(&task.id, 0, &ok)).await,
+        Err(StateWriteError::Busy { .. })
+    ));
+    store.release_lease(&task.id, "alive").await.unwrap();
+
+    // A holder whose process is gone (its pid now names a process started at another time):
+    // taken over; the write is made under the lease and gives it back.
+    let dead = LeaseClaim {
+        token: "dead".into(),
+        holder: "`worker 2` (pid gone)".into(),
+        process: this_machine(pid, "0"),
+    };
+    store
+        .acquire_lease(&task.id, &dead, 60_000, None)
+        .await
+        .unwrap();
+    let written = write_state(&store, &write(&task.id, 0, &ok)).await.unwrap();
+    assert_eq!(written.version, 1);
+    assert_eq!(written.state["inventory"]["shelf_7"], "item_7");
+    assert_eq!(store.lease(&task.id).await.unwrap(), None);
+    let journal = store.journal(&task.id).await.unwrap();
+    assert_eq!(journal.len(), 1);
+    assert_eq!(journal[0].author.as_deref(), Some("key-1"));
+
+    // No lease at all: one commit, and no lease is left behind.
+    let written = write_state(
+        &store,
+        &write(&task.id, 1, &json!({"inventory": {"shelf_8": "item_8"}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(written.version, 2);
+    assert_eq!(store.lease(&task.id).await.unwrap(), None);
+    assert_eq!(store.task(&task.id).await.unwrap().state, written.state);
+}

@@ -7,10 +7,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use skillstate_core::validate::Document;
-use skillstate_runtime::{StateWrite, StateWriteError, write_state};
-use skillstate_store::StoreError;
+use skillstate_runtime::{StateWrite, StateWriteError, write_state_read};
 
-use super::{LEASE_RACE_WAIT, lost_lease_race, owned_task};
+use super::owned_task;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::json::{parse_body, read_body};
@@ -119,8 +118,8 @@ fn if_match_version(headers: &HeaderMap) -> Result<u64, ApiError> {
 /// steps, waiting for its model) the write is refused with 409 at once rather than waiting for
 /// the step's commit — the runner's next step would be based on a state it did not see. A
 /// task whose last action is still in flight or waits for a human (approval, a reply) is 409
-/// too: settle it first. Another state write of the same task is waited for (briefly); then
-/// the version decides.
+/// too: settle it first. Of state writes naming the same version, the first to commit wins
+/// and the others are 412.
 #[utoipa::path(
     patch,
     path = "/v1/tasks/{id}/state",
@@ -209,21 +208,11 @@ pub async fn patch_state(
         patch: &patch,
         author: &caller.key_id,
     };
-    let deadline = tokio::time::Instant::now() + LEASE_RACE_WAIT;
-    let written = loop {
-        match write_state(&state.store, &write).await {
-            // Taking the lease can report a task that exists as missing (LEASE_RACE_WAIT);
-            // nothing was written, so try again.
-            Err(StateWriteError::Store(StoreError::NotFound(_)))
-                if lost_lease_race(&state, &task.id, deadline).await => {}
-            other => {
-                break other
-                    .map_err(|e| Redaction::of_write(&task, &patch).error(write_error(e)))?;
-            }
-        }
-    };
+    let written = write_state_read(&state.store, &task, &write)
+        .await
+        .map_err(|e| Redaction::of_write(&task, &patch).error(write_error(e)))?;
     let mut response =
-        axum::Json::<Value>(shown_state(&written.skill.schema, written.state)).into_response();
+        axum::Json::<Value>(shown_state(&task.skill.schema, written.state)).into_response();
     if let Ok(value) = HeaderValue::from_str(&etag(written.version)) {
         response.headers_mut().insert(header::ETAG, value);
     }
