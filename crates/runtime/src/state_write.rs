@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use skillstate_core::{Rejection, StateSchema, validate_patch};
 use skillstate_store::{
-    JournalEntry, LeaseInfo, StepCommit, Store, StoreError, TaskRecord, Verdict,
+    JournalEntry, LeaseInfo, StepCommit, Store, StoreError, TaskRecord, TaskState, Verdict,
 };
 
 use crate::lease::{HeldLease, LeasePolicy, holder_is_gone};
@@ -87,7 +87,7 @@ pub async fn write_state(
     write: &StateWrite<'_>,
 ) -> Result<TaskRecord, StateWriteError> {
     let mut task = store.task(write.task).await?;
-    let written = write_state_read(store, &task, write).await?;
+    let written = write_state_read(store, &TaskState::of(&task), write).await?;
     task.version = written.version;
     task.state = written.state;
     task.updated_at = written.at;
@@ -103,8 +103,8 @@ pub struct Written {
     pub at: i64,
 }
 
-/// [`write_state`] for a task the caller has just read (`task` is `write.task`'s record; the
-/// service reads it anyway, to check its tenant). The version the write applies to is checked
+/// [`write_state`] for a task the caller has just read (`task` is `write.task`'s state, as
+/// `Tasks::task_state` reads it; the service reads it anyway, to check its tenant). The version the write applies to is checked
 /// again when it commits, so a record that is no longer current only makes the write stale.
 ///
 /// The write takes no lease: its step commits only while nobody holds one
@@ -114,14 +114,14 @@ pub struct Written {
 /// under that lease.
 pub async fn write_state_read(
     store: &Arc<dyn Store>,
-    task: &TaskRecord,
+    task: &TaskState,
     write: &StateWrite<'_>,
 ) -> Result<Written, StateWriteError> {
     // Another state write may hold the lease for the moment of its write (one taking over from
     // a dead holder, or a process of an older version): wait for it (then the version check
     // decides), but never for a runner.
     let deadline = tokio::time::Instant::now() + WRITER_WAIT;
-    let mut reread: Option<TaskRecord> = None;
+    let mut reread: Option<TaskState> = None;
     loop {
         let task = reread.as_ref().unwrap_or(task);
         let prepared = match prepare(store.as_ref(), task, write).await {
@@ -154,7 +154,7 @@ pub async fn write_state_read(
                 holder: lease.holder,
             });
         }
-        reread = Some(store.task(&task.id).await?);
+        reread = Some(store.task_state(&task.id).await?);
     }
 }
 
@@ -215,7 +215,7 @@ async fn write_leased(
         }
     };
     let result = async {
-        let task = store.task(write.task).await?;
+        let task = store.task_state(write.task).await?;
         let prepared = prepare(store.as_ref(), &task, write).await?;
         match store
             .commit_step(&task.id, task.version, &prepared.commit)
@@ -255,7 +255,7 @@ impl Prepared {
 /// the state checks; and builds the step.
 async fn prepare(
     store: &dyn Store,
-    task: &TaskRecord,
+    task: &TaskState,
     write: &StateWrite<'_>,
 ) -> Result<Prepared, StateWriteError> {
     if task.version != write.if_match {
@@ -285,8 +285,7 @@ async fn prepare(
         });
     }
     let schema = compiled_schema(task)?;
-    let budget = task.skill.settings.budgets.state_tokens;
-    let accepted = validate_patch(&schema, budget, &task.state, write.patch)
+    let accepted = validate_patch(&schema, task.state_tokens, &task.state, write.patch)
         .map_err(|rejections| StateWriteError::Rejected { rejections })?;
     let step = task.version + 1;
     // The observation the next model step would have read, plus a note; it opens the step
@@ -331,8 +330,8 @@ static SCHEMAS: Mutex<Option<HashMap<String, Arc<StateSchema>>>> = Mutex::new(No
 /// Schemas kept at most; the cache starts over when full.
 const SCHEMAS_KEPT: usize = 256;
 
-fn compiled_schema(task: &TaskRecord) -> Result<Arc<StateSchema>, StateWriteError> {
-    let key = task.skill.schema.to_string();
+fn compiled_schema(task: &TaskState) -> Result<Arc<StateSchema>, StateWriteError> {
+    let key = task.schema.to_string();
     if let Some(schema) = SCHEMAS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -341,7 +340,7 @@ fn compiled_schema(task: &TaskRecord) -> Result<Arc<StateSchema>, StateWriteErro
     {
         return Ok(schema.clone());
     }
-    let schema = StateSchema::compile(task.skill.schema.clone()).map_err(|defect| {
+    let schema = StateSchema::compile(Value::clone(&task.schema)).map_err(|defect| {
         StateWriteError::StoredTask {
             task: task.id.clone(),
             message: format!(

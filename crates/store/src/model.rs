@@ -80,6 +80,37 @@ pub struct TaskRecord {
     pub tenant: Option<String>,
 }
 
+/// What reading and writing a task's state needs of the task (`Tasks::task_state`): its state,
+/// version, status and tenant, and its skill's state schema and state budget — not the
+/// procedure, the tools or the rest of the record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskState {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub status: TaskStatus,
+    /// Number of accepted steps.
+    pub version: u64,
+    pub state: Value,
+    /// The skill's state schema, frozen with the task (shared by reads of the same task).
+    pub schema: std::sync::Arc<Value>,
+    /// The skill's state budget (`budgets.state_tokens`).
+    pub state_tokens: usize,
+}
+
+impl TaskState {
+    pub fn of(task: &TaskRecord) -> Self {
+        Self {
+            id: task.id.clone(),
+            tenant: task.tenant.clone(),
+            status: task.status,
+            version: task.version,
+            state: task.state.clone(),
+            schema: std::sync::Arc::new(task.skill.schema.clone()),
+            state_tokens: task.skill.settings.budgets.state_tokens,
+        }
+    }
+}
+
 /// One line of `skillstate tasks`. A row that cannot be read whole still lists: `status` is
 /// `None` and `problem` says what is unreadable, so one bad row never hides the others.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,6 +33,10 @@ pub trait Tasks: Send + Sync {
     async fn create_task(&self, task: NewTask, initial_state: &Value) -> Result<TaskRecord>;
     /// Finds a task by full id or unique id prefix.
     async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord>;
+    /// The state of the task whose full id is `id` (no prefixes), with what checking a write
+    /// of it needs; `NotFound` when there is none. Cheaper than `task` where the record's
+    /// other parts are not needed (the service's state routes).
+    async fn task_state(&self, id: &str) -> Result<TaskState>;
     async fn list_tasks(&self) -> Result<Vec<TaskSummary>>;
     /// Creates a task that continues `parent` after its step `step`: same skill, tools,
     /// context and model; `state` at version `step`; the parent's journal, observations,

@@ -8,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use skillstate_core::validate::Document;
 use skillstate_runtime::{StateWrite, StateWriteError, write_state_read};
+use skillstate_store::{StoreError, TaskState};
 
-use super::owned_task;
+use super::is_task_id;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::json::{parse_body, read_body};
@@ -62,7 +63,7 @@ pub async fn get_state(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let task = owned_task(&state, &caller, &id).await?;
+    let task = owned_state(&state, &caller, &id).await?;
     let tag = etag(task.version);
     let unchanged = headers
         .get(header::IF_NONE_MATCH)
@@ -71,12 +72,30 @@ pub async fn get_state(
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        axum::Json::<Value>(shown_state(&task.skill.schema, task.state)).into_response()
+        axum::Json::<Value>(shown_state(&task.schema, task.state)).into_response()
     };
     if let Ok(value) = HeaderValue::from_str(&tag) {
         response.headers_mut().insert(header::ETAG, value);
     }
     Ok(response)
+}
+
+/// The state of task `id` if the caller's tenant owns it; a missing task, a malformed id and
+/// another tenant's task (or one created outside the service) are the same 404, as for
+/// `owned_task`. Reads only what the state routes need of the task.
+async fn owned_state(state: &AppState, caller: &Caller, id: &str) -> Result<TaskState, ApiError> {
+    if !is_task_id(id) {
+        return Err(ApiError::no_task(id));
+    }
+    let task = match state.store.task_state(id).await {
+        Ok(task) => task,
+        Err(StoreError::NotFound(_)) => return Err(ApiError::no_task(id)),
+        Err(other) => return Err(other.into()),
+    };
+    if task.tenant.as_deref() != Some(caller.tenant.as_str()) {
+        return Err(ApiError::no_task(id));
+    }
+    Ok(task)
 }
 
 /// The media types a state write reads.
@@ -159,7 +178,7 @@ pub async fn patch_state(
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let task = owned_task(&state, &caller, &id).await?;
+    let task = owned_state(&state, &caller, &id).await?;
     let if_match = if_match_version(request.headers())?;
     let content_type = request
         .headers()
@@ -208,11 +227,19 @@ pub async fn patch_state(
         patch: &patch,
         author: &caller.key_id,
     };
-    let written = write_state_read(&state.store, &task, &write)
-        .await
-        .map_err(|e| Redaction::of_write(&task, &patch).error(write_error(e)))?;
+    let written = match write_state_read(&state.store, &task, &write).await {
+        Ok(written) => written,
+        Err(error) => {
+            // Whatever the error repeats of the state or the patch is redacted as the task's.
+            let redaction = match state.store.task(&task.id).await {
+                Ok(record) => Redaction::of_write(&record, &patch),
+                Err(_) => Redaction::unknown(),
+            };
+            return Err(redaction.error(write_error(error)));
+        }
+    };
     let mut response =
-        axum::Json::<Value>(shown_state(&task.skill.schema, written.state)).into_response();
+        axum::Json::<Value>(shown_state(&task.schema, written.state)).into_response();
     if let Ok(value) = HeaderValue::from_str(&etag(written.version)) {
         response.headers_mut().insert(header::ETAG, value);
     }

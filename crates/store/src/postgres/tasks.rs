@@ -109,6 +109,16 @@ impl Tasks for PostgresStore {
         task_from_row(&row)
     }
 
+    async fn task_state(&self, id: &str) -> Result<TaskState> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        Ok(TaskState::of(&task_from_row(&row)?))
+    }
+
     async fn list_tasks(&self) -> Result<Vec<TaskSummary>> {
         let rows = sqlx::query(
             "SELECT id, skill_name, status, version, model, created_at, updated_at FROM tasks ORDER BY created_at, id",

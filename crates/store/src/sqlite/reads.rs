@@ -5,9 +5,10 @@
 //! connection's worker thread and back), which is most of a request's CPU time (README
 //! "Performance", "HTTP service").
 //!
-//! A task's skill definition and tool list are frozen when it is created (nothing updates those
-//! columns), so they are decoded once per task and kept (`FROZEN_KEPT` tasks at most); later
-//! reads of the task read and decode only the rest of its row.
+//! A task's skill definition and tool list never change after its creation, and they are most of
+//! its row: they are decoded once per task and kept (`DECODED_KEPT` tasks at most) with the text
+//! they came from; a later read compares the stored text with it (a memory comparison, the
+//! bytes were read anyway) and decodes only the rest of the row.
 //!
 //! Each read runs on an idle connection of this module's own (opened on first use, at most
 //! `IDLE` kept), in its own read transaction, exactly as a pooled read would. Anything unusual
@@ -23,9 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row};
+use serde_json::Value;
 use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
 
-use crate::model::{IntentRecord, TaskRecord};
+use crate::model::{IntentRecord, TaskRecord, TaskState};
 use crate::rows::{decode, decode_opt, parse_status};
 use crate::service::KeyRecord;
 use crate::{Result, StoreError};
@@ -35,18 +37,22 @@ const IDLE: usize = 8;
 /// How long a read waits for a lock here before the pool takes over.
 const BUSY: Duration = Duration::from_millis(20);
 /// Tasks whose decoded skill and tools are kept; the cache starts over when full.
-const FROZEN_KEPT: usize = 4096;
+const DECODED_KEPT: usize = 4096;
 
-/// What a task never changes after its creation, decoded.
-struct Frozen {
+/// A task's skill definition and tool list, decoded, with the text they were decoded from.
+struct Decoded {
     skill: SkillDefinition,
     tools: Vec<ToolSpec>,
+    /// `skill.schema`, shared by `TaskState`s.
+    schema: Arc<Value>,
+    skill_text: String,
+    tools_text: String,
 }
 
 pub(super) struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
-    frozen: Mutex<HashMap<String, Arc<Frozen>>>,
+    decoded: Mutex<HashMap<String, Arc<Decoded>>>,
 }
 
 impl Readers {
@@ -54,7 +60,7 @@ impl Readers {
         Self {
             path: path.to_owned(),
             idle: Mutex::new(Vec::new()),
-            frozen: Mutex::new(HashMap::new()),
+            decoded: Mutex::new(HashMap::new()),
         }
     }
 
@@ -81,59 +87,75 @@ impl Readers {
         if !is_full_id(id) {
             return None;
         }
-        let frozen = self
-            .frozen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
-        if let Some(frozen) = frozen {
-            let raw = self
-                .read(|conn| {
-                    conn.prepare_cached(TASK_REST)?
-                        .query_row([id], |row| RawTask::of(row, None))
-                        .optional()
-                })
-                .flatten()?;
-            return Some(raw.decode(frozen.skill.clone(), frozen.tools.clone()));
+        Some(
+            self.task_row(id)?.and_then(|(raw, decoded)| {
+                raw.decode(decoded.skill.clone(), decoded.tools.clone())
+            }),
+        )
+    }
+
+    /// `Tasks::task_state` of the task whose full id is `id`; `None` also when there is none.
+    pub(super) fn task_state(&self, id: &str) -> Option<Result<TaskState>> {
+        if !is_full_id(id) {
+            return None;
         }
-        let (raw, skill, tools) = self
+        Some(
+            self.task_row(id)?
+                .and_then(|(raw, decoded)| raw.state_of(&decoded)),
+        )
+    }
+
+    /// The row of task `id`, its skill and tools decoded: taken from `decoded` when the stored
+    /// text is the text decoded last time, else decoded and kept.
+    fn task_row(&self, id: &str) -> Option<Result<(RawTask, Arc<Decoded>)>> {
+        let (raw, found) = self
             .read(|conn| {
                 conn.prepare_cached(TASK)?
                     .query_row([id], |row| {
+                        let raw = RawTask::of(row)?;
+                        let skill = row.get_ref(0)?.as_str()?;
+                        let tools = row.get_ref(1)?.as_str()?;
+                        let known = self
+                            .decoded
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(id)
+                            .filter(|d| d.skill_text == skill && d.tools_text == tools)
+                            .cloned();
                         Ok((
-                            RawTask::of(row, Some(2))?,
-                            row.get::<_, String>(0)?,
-                            row.get::<_, String>(1)?,
+                            raw,
+                            known.ok_or_else(|| (skill.to_owned(), tools.to_owned())),
                         ))
                     })
                     .optional()
             })
             .flatten()?;
+        let (skill_text, tools_text) = match found {
+            Ok(known) => return Some(Ok((raw, known))),
+            Err(texts) => texts,
+        };
         let decoded = (|| {
-            let skill: SkillDefinition = decode("skill of task", &skill)?;
-            let tools: Vec<ToolSpec> = decode("tools of task", &tools)?;
-            Ok::<_, StoreError>((skill, tools))
+            let skill: SkillDefinition = decode("skill of task", &skill_text)?;
+            let tools: Vec<ToolSpec> = decode("tools of task", &tools_text)?;
+            Ok::<_, StoreError>(Arc::new(Decoded {
+                schema: Arc::new(skill.schema.clone()),
+                skill,
+                tools,
+                skill_text,
+                tools_text,
+            }))
         })();
-        let (skill, tools) = match decoded {
+        let decoded = match decoded {
             Ok(decoded) => decoded,
             Err(error) => return Some(Err(error)),
         };
-        let task = raw.decode(skill, tools);
-        if let Ok(task) = &task {
-            let mut frozen = self.frozen.lock().unwrap_or_else(|e| e.into_inner());
-            if frozen.len() >= FROZEN_KEPT {
-                frozen.clear();
-            }
-            frozen.insert(
-                task.id.clone(),
-                Arc::new(Frozen {
-                    skill: task.skill.clone(),
-                    tools: task.tools.clone(),
-                }),
-            );
+        let mut kept = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= DECODED_KEPT {
+            kept.clear();
         }
-        Some(task)
+        kept.insert(raw.id.clone(), decoded.clone());
+        drop(kept);
+        Some(Ok((raw, decoded)))
     }
 
     /// The API key whose secret hashes to `secret_hash`; `Some(Ok(None))` when there is none.
@@ -241,14 +263,8 @@ fn is_full_id(id: &str) -> bool {
         })
 }
 
-/// The columns of a task row but its skill and tools, in `RawTask::of`'s order.
-macro_rules! rest {
-    () => {
-        "id, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at, tenant"
-    };
-}
-const TASK: &str = concat!("SELECT skill, tools, ", rest!(), " FROM tasks WHERE id = ?");
-const TASK_REST: &str = concat!("SELECT ", rest!(), " FROM tasks WHERE id = ?");
+/// A task row: skill and tools, then the columns of `RawTask::of`.
+const TASK: &str = "SELECT skill, tools, id, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at, tenant FROM tasks WHERE id = ?";
 
 /// A task row as text but its skill and tools, decoded after the connection is given back.
 struct RawTask {
@@ -270,9 +286,9 @@ struct RawTask {
 }
 
 impl RawTask {
-    /// The `REST` columns of `row`, starting at column `from` (0 when `None`).
-    fn of(row: &Row<'_>, from: Option<usize>) -> rusqlite::Result<Self> {
-        let at = from.unwrap_or(0);
+    /// Columns 2.. of a `TASK` row.
+    fn of(row: &Row<'_>) -> rusqlite::Result<Self> {
+        let at = 2;
         Ok(Self {
             id: row.get(at)?,
             context: row.get(at + 1)?,
@@ -292,15 +308,25 @@ impl RawTask {
         })
     }
 
+    /// The `TaskState` of this row.
+    fn state_of(self, decoded: &Decoded) -> Result<TaskState> {
+        Ok(TaskState {
+            status: parse_status(&self.status)?,
+            state: decode("state", &self.state)?,
+            version: self.version as u64,
+            tenant: self.tenant,
+            id: self.id,
+            schema: decoded.schema.clone(),
+            state_tokens: decoded.skill.settings.budgets.state_tokens,
+        })
+    }
+
     /// The same record and the same errors as `rows::task_from_row`.
     fn decode(self, skill: SkillDefinition, tools: Vec<ToolSpec>) -> Result<TaskRecord> {
         Ok(TaskRecord {
             skill,
             tools,
-            context: ContextStrategy::parse(&self.context).ok_or_else(|| StoreError::Decode {
-                what: "context strategy".into(),
-                message: format!("unknown strategy `{}`", self.context),
-            })?,
+            context: parse_context(&self.context)?,
             context_budget: self.context_budget.map(|b| b as usize),
             model: self.model,
             environment: decode_opt("environment", self.environment)?,
@@ -316,6 +342,13 @@ impl RawTask {
             id: self.id,
         })
     }
+}
+
+fn parse_context(context: &str) -> Result<ContextStrategy> {
+    ContextStrategy::parse(context).ok_or_else(|| StoreError::Decode {
+        what: "context strategy".into(),
+        message: format!("unknown strategy `{context}`"),
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! Steps written from outside any runner without taking the lease
-//! (`Leases::commit_unleased_step`), on both backends: refused while a live lease is held,
-//! stale versions refused, racing writers of one version settled by the version.
+//! A task's state as the service reads it (`Tasks::task_state`) and steps written from outside
+//! any runner without taking the lease (`Leases::commit_unleased_step`), on both backends:
+//! refused while a live lease is held, stale versions refused, racing writers of one version
+//! settled by the version.
 
 use super::*;
 
@@ -11,6 +12,59 @@ fn unleased_commit(step: u64, state: &Value, patch: Value) -> StepCommit {
     commit.entry.author = Some("key-1".into());
     commit.next_observation = Some(format!("observation {} (changed)", step + 1));
     commit
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_state_is_the_records_state_by_full_id_only() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let mut new = new_task();
+        new.skill.schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        new.skill.settings.budgets.state_tokens = 321;
+        let task = store.create_task(new, &json!({"a": 0})).await?;
+        for round in 0..3 {
+            // Read twice: the first read of a task and the later ones agree.
+            for _ in 0..2 {
+                let state = store.task_state(&task.id).await?;
+                let record = store.task(&task.id).await?;
+                assert_eq!(state, TaskState::of(&record), "round {round}");
+                assert_eq!(state.state_tokens, 321);
+                assert_eq!(state.schema["properties"]["a"]["type"], "integer");
+            }
+            let now = store.task(&task.id).await?;
+            let commit = step_commit(
+                now.version + 1,
+                &now.state,
+                json!({ "a": round + 1 }),
+                false,
+            );
+            store.commit_step(&task.id, now.version, &commit).await?;
+        }
+        let state = store.task_state(&task.id).await?;
+        assert_eq!((state.version, &state.state), (3, &json!({"a": 3})));
+        assert_eq!(state.status, TaskStatus::Running);
+        // A stored skill is read as it is now, even when changed behind the store's back.
+        db.execute(&format!(
+            "UPDATE tasks SET skill = replace(skill, 'free-form state', 'changed') WHERE id = '{}'",
+            task.id
+        ))
+        .await?;
+        assert_eq!(store.task(&task.id).await?.skill.description, "changed");
+        for wrong in [&task.id[..8], "no-such-task", &task.id.to_uppercase()] {
+            match store.task_state(wrong).await {
+                Err(StoreError::NotFound(_)) => {}
+                other => bail!("task_state({wrong}): {other:?}"),
+            }
+        }
+        // A deleted task is gone at once, read before or not.
+        store.delete_task(&task.id).await?;
+        assert!(matches!(
+            store.task_state(&task.id).await,
+            Err(StoreError::NotFound(_))
+        ));
+        Ok(())
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
