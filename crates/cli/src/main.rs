@@ -48,9 +48,9 @@ enum Command {
     Pending,
     /// Answer a waiting task and run it on.
     Reply(commands::lineage::ReplyArgs),
-    /// Run the action a task waits to have approved, exactly once, and continue.
     /// Send a task a message (its next observation) and continue it.
     Say(commands::say::SayArgs),
+    /// Run the action a task waits to have approved, exactly once, and continue.
     Approve(commands::lineage::ApproveArgs),
     /// Refuse the action a task waits to have approved; the reason becomes its result.
     Reject(commands::lineage::RejectArgs),
@@ -141,8 +141,8 @@ fn main() -> ExitCode {
                 commands::lineage::fork(&cli.db, cli.config.as_deref(), args).await
             }
             Command::Pending => commands::lineage::pending(&cli.db).await,
-            Command::Approve(args) => {
             Command::Say(args) => commands::say::run(&cli.db, cli.config.as_deref(), args).await,
+            Command::Approve(args) => {
                 commands::lineage::approve(&cli.db, cli.config.as_deref(), args).await
             }
             Command::Reject(args) => {

@@ -35,9 +35,9 @@ async fn model_and_world(
 /// What a stored task is told before it continues.
 pub(super) enum Decision<'a> {
     Resume,
-    Retry,
     /// Run it whatever its status: its inbox holds what continues it (`skillstate say`).
     Delivered,
+    Retry,
     Reply(&'a str),
     Approve,
     Reject(&'a str),
@@ -89,9 +89,9 @@ pub(super) async fn continue_task(
     let mut observer = NoProgress;
     let label = match decision {
         Decision::Resume => "skillstate resume",
+        Decision::Delivered => "skillstate say",
         Decision::Retry => "skillstate resume --retry",
         Decision::Reply(_) => "skillstate reply",
-        Decision::Delivered => "skillstate say",
         Decision::Approve => "skillstate approve",
         Decision::Reject(_) => "skillstate reject",
     };
