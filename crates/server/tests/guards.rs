@@ -50,6 +50,28 @@ fn task_routes(id: &str) -> Vec<(Method, String, Option<Value>)> {
             format!("/v1/tasks/{id}/fork"),
             Some(json!({"step": 0})),
         ),
+        (Method::GET, format!("/v1/tasks/{id}/messages"), None),
+        (
+            Method::POST,
+            format!("/v1/tasks/{id}/messages"),
+            Some(json!({"text": "hello"})),
+        ),
+        (
+            Method::POST,
+            format!("/v1/tasks/{id}/approve"),
+            Some(json!({})),
+        ),
+        (
+            Method::POST,
+            format!("/v1/tasks/{id}/reject"),
+            Some(json!({"reason": "no"})),
+        ),
+        (
+            Method::POST,
+            format!("/v1/tasks/{id}/reply"),
+            Some(json!({"text": "yes"})),
+        ),
+        (Method::POST, format!("/v1/tasks/{id}/resume"), None),
     ]
 }
 
@@ -114,11 +136,15 @@ async fn a_tenant_never_sees_another_tenants_tasks() {
         .expect(200)
         .json();
     assert_eq!(listed["tasks"], json!([]));
-    // The owner still has it, untouched (the foreign DELETE and cancel did nothing).
+    // The owner still has it, untouched (the foreign DELETE, cancel and message did nothing).
     let own = api
         .send(Call::get(format!("/v1/tasks/{id}")).key(&acme))
         .await;
     assert_eq!(own.expect(200).json()["status"], "completed");
+    assert!(
+        harness.store().messages(&id).await.unwrap().is_empty(),
+        "a foreign message reached the task"
+    );
     let listed = api
         .send(Call::get("/v1/tasks").key(&acme))
         .await
