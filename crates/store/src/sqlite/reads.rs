@@ -200,6 +200,17 @@ impl Readers {
         })
     }
 
+    /// Whether anything waits in `task`'s inbox: asked before every step, and nearly always
+    /// `false`, so it must cost microseconds.
+    pub(super) fn inbox_waiting(&self, task: &str) -> Option<bool> {
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM inbox WHERE task_id = ? AND delivered_step IS NULL)",
+            )?
+            .query_row([task], |row| row.get(0))
+        })
+    }
+
     /// `task`'s action intents, in step order.
     pub(super) fn intents(&self, task: &str) -> Option<Result<Vec<IntentRecord>>> {
         let rows = self.read(|conn| {
