@@ -1334,11 +1334,11 @@ async fn concurrent_and_repeated_opens_apply_each_migration_once() -> anyhow::Re
             stores.push(open.await??);
         }
         let again = db.open().await?;
-        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 5);
+        assert_eq!(db.count("SELECT COUNT(*) FROM schema_migrations").await?, 6);
         assert_eq!(
             db.count("SELECT MAX(version) FROM schema_migrations")
                 .await?,
-            5
+            6
         );
 
         let task = stores[0].create_task(new_task(), &json!({"x": 1})).await?;
