@@ -267,8 +267,12 @@ pub async fn run_worker(
             match store.next_wakeup(options.batch.as_deref()).await? {
                 None => return Ok(stats),
                 Some(at) => {
+                    // `at` may be when another worker's lease runs out; that worker usually
+                    // settles its task much sooner, and then nothing is left to wait for:
+                    // look again at least every poll interval.
                     let wait = u64::try_from(at - now_millis()).unwrap_or(0);
-                    sleep_or_stop(&mut stop, Duration::from_millis(wait.clamp(10, 60_000))).await;
+                    let wait = Duration::from_millis(wait.clamp(10, 60_000)).min(options.poll);
+                    sleep_or_stop(&mut stop, wait).await;
                     continue;
                 }
             }

@@ -334,3 +334,41 @@ async fn a_worker_whose_lease_was_taken_over_stops_without_writing() {
     assert_eq!(store.lease(&task).await.unwrap().unwrap().token, "thief");
     assert!(ledger_keys(&ledger).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_ends_when_the_others_finish_not_when_their_leases_would_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ledger) = setup(dir.path()).await;
+    let batch = submit(store.as_ref(), 4, &ledger).await;
+    // Leases of an hour: an idle worker that slept until they expire would outlast `work`'s
+    // two-minute bound.
+    let busy = tokio::spawn(work(
+        store.clone(),
+        options(&batch, 4, Duration::from_secs(3600)),
+        Duration::from_millis(100),
+    ));
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while store
+            .batch_tasks(&batch)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|t| t.leased)
+            .count()
+            < 4
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first worker claims every task");
+    let (idle, _) = work(
+        store.clone(),
+        options(&batch, 4, Duration::from_secs(3600)),
+        Duration::ZERO,
+    )
+    .await;
+    assert_eq!(idle.claimed, 0, "{idle:?}");
+    let (stats, _) = busy.await.unwrap();
+    assert_eq!(stats.completed, 4, "{stats:?}");
+}
