@@ -10,11 +10,11 @@ use utoipa::{Modify, OpenApi};
 use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
 use crate::routes::events::{EventKindName, EventView};
-use crate::routes::journal::ForkRequest;
-use crate::routes::tasks::BatchCreateRequest;
 use crate::routes::inbox::{
     ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
 };
+use crate::routes::journal::ForkRequest;
+use crate::routes::tasks::BatchCreateRequest;
 use crate::routes::{events, inbox, journal, ops, state, tasks};
 use crate::views::*;
 
