@@ -319,6 +319,25 @@ async fn paused_for_approval(
     (task, answers)
 }
 
+/// Runs `task` on with its scripted answers in a fresh office whose tool needs approval.
+async fn run_gated(
+    store: &Arc<dyn Store>,
+    calls: &Arc<AtomicUsize>,
+    task: &str,
+    answers: &[String],
+) -> skillstate_runtime::RunOutcome {
+    let mut env = Office::new(true, calls.clone(), None);
+    Runner::new(
+        store.clone(),
+        scripted(answers.to_vec()),
+        &mut env,
+        &mut NoProgress,
+    )
+    .run(task)
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_on_an_approval_run_the_action_once_or_refuse_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -332,16 +351,7 @@ async fn decisions_on_an_approval_run_the_action_once_or_refuse_it() {
         .post_message(&task, &message(MessageKind::Approve, ""))
         .await
         .unwrap();
-    let mut env = Office::new(true, calls.clone(), None);
-    let done = Runner::new(
-        store.clone(),
-        scripted(answers.clone()),
-        &mut env,
-        &mut NoProgress,
-    )
-    .run(&task)
-    .await
-    .unwrap();
+    let done = run_gated(&store, &calls, &task, &answers).await;
     assert_eq!(done.status, TaskStatus::Completed);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -359,16 +369,7 @@ async fn decisions_on_an_approval_run_the_action_once_or_refuse_it() {
         .post_message(&task, &message(MessageKind::Reject, "not today"))
         .await
         .unwrap();
-    let mut env = Office::new(true, calls.clone(), None);
-    let done = Runner::new(
-        store.clone(),
-        scripted(answers.clone()),
-        &mut env,
-        &mut NoProgress,
-    )
-    .run(&task)
-    .await
-    .unwrap();
+    let done = run_gated(&store, &calls, &task, &answers).await;
     assert_eq!(done.status, TaskStatus::Completed);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     let refused = store.observation(&task, 2).await.unwrap().unwrap();
@@ -381,11 +382,7 @@ async fn decisions_on_an_approval_run_the_action_once_or_refuse_it() {
         .post_message(&task, &message(MessageKind::Message, "file it under work"))
         .await
         .unwrap();
-    let mut env = Office::new(true, calls.clone(), None);
-    Runner::new(store.clone(), scripted(answers), &mut env, &mut NoProgress)
-        .run(&task)
-        .await
-        .unwrap();
+    run_gated(&store, &calls, &task, &answers).await;
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     let shown = store.observation(&task, 2).await.unwrap().unwrap();
     assert!(
