@@ -32,7 +32,7 @@ pub(crate) fn message_text(messages: &[&MessageRecord]) -> String {
 }
 
 /// Whether the task was cancelled (a failure whose reason is `canceled`): nothing reopens it.
-pub(crate) fn is_canceled(task: &TaskRecord) -> bool {
+pub fn is_canceled(task: &TaskRecord) -> bool {
     task.status == TaskStatus::Failed
         && task
             .outcome

@@ -5,6 +5,7 @@
 mod error;
 mod frame;
 mod inbox;
+pub use inbox::is_canceled;
 mod lease;
 mod lineage;
 pub mod metrics;

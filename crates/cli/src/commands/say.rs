@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use skillstate_store::{MessageKind, NewMessage, TaskStatus};
+use skillstate_runtime::is_canceled;
+use skillstate_store::{MessageKind, NewMessage};
 
 use super::lineage::{Decision, continue_task};
 use crate::config::{load_config, open_store};
@@ -37,14 +38,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: SayArgs) -> Result<
     let config = load_config(config_path)?;
     let store = open_store(db, &config).await?;
     let task = store.task(&args.task).await?;
-    let canceled = task.status == TaskStatus::Failed
-        && task
-            .outcome
-            .as_ref()
-            .and_then(|o| o.get("reason"))
-            .and_then(|r| r.as_str())
-            == Some("canceled");
-    if canceled {
+    if is_canceled(&task) {
         bail!(
             "task {} was cancelled; it takes no messages (to continue from a step: skillstate fork {} --step N)",
             task.id,

@@ -8,7 +8,7 @@ use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use skillstate_runtime::is_retryable;
+use skillstate_runtime::{is_canceled, is_retryable};
 use skillstate_store::{MessageKind, MessageRecord, NewMessage, TaskRecord, TaskStatus};
 use utoipa::ToSchema;
 
@@ -413,8 +413,4 @@ fn reason(task: &TaskRecord) -> Option<&str> {
         .as_ref()
         .and_then(|o| o.get("reason"))
         .and_then(serde_json::Value::as_str)
-}
-
-fn is_canceled(task: &TaskRecord) -> bool {
-    task.status == TaskStatus::Failed && reason(task) == Some("canceled")
 }

@@ -468,12 +468,7 @@ fn already_ended(task: &TaskRecord) -> Result<Option<TaskView>, ApiError> {
     if !task.status.is_terminal() {
         return Ok(None);
     }
-    let reason = task
-        .outcome
-        .as_ref()
-        .and_then(|o| o.get("reason"))
-        .and_then(Value::as_str);
-    if task.status == TaskStatus::Failed && reason == Some("canceled") {
+    if skillstate_runtime::is_canceled(task) {
         return Ok(Some(TaskView::of(task)));
     }
     Err(ApiError::conflict(format!(
