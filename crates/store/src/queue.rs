@@ -249,8 +249,10 @@ pub trait Queue: Send + Sync {
     async fn queue_task(&self, task: &str) -> Result<()>;
     /// Every task of the batch, in creation order.
     async fn batch_tasks(&self, batch: &str) -> Result<Vec<BatchTask>>;
-    /// The earliest `not_before` among claimable-later tasks (of `batch`, when given), so an
-    /// idle worker knows how long to sleep; `None` when no queued task waits on a backoff.
+    /// When the next queued task (of `batch`, when given) becomes claimable: the end of its
+    /// backoff or of the lease someone holds on it, so an idle worker knows how long to sleep.
+    /// A time already past when one became claimable since the caller's claim; `None` when
+    /// no queued task is left.
     async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>>;
     /// How many queued tasks are running, stopped, waiting on a backoff and ready, now: one
     /// counting query over the queued tasks (the service's `/metrics` asks at each scrape).

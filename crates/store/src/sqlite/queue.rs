@@ -208,14 +208,14 @@ impl Queue for SqliteStore {
     }
 
     async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>> {
-        // Queued tasks of open batches that become claimable later: at the end of their
-        // backoff, or when the lease someone holds on them expires (a dead worker's task).
+        // Queued tasks of open batches: claimable at the end of their backoff, or when the
+        // lease someone holds on them expires (a dead worker's task). One that became
+        // claimable since the caller's claim answers a time already past.
         let wakeup: Option<i64> = sqlx::query_scalar(
             "SELECT MIN(CASE WHEN t.lease_token IS NOT NULL AND t.lease_expires_at > ?1 \
-                 THEN MAX(t.lease_expires_at, COALESCE(t.not_before, 0)) ELSE t.not_before END) \
+                 THEN MAX(t.lease_expires_at, COALESCE(t.not_before, 0)) ELSE COALESCE(t.not_before, 0) END) \
              FROM tasks t WHERE t.queue = 'queued' AND (?2 IS NULL OR t.batch_id = ?2) \
-             AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open') \
-             AND (t.not_before > ?1 OR (t.lease_token IS NOT NULL AND t.lease_expires_at > ?1))",
+             AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = t.batch_id AND b.state <> 'open')",
         )
         .bind(now_millis())
         .bind(batch)
