@@ -14,6 +14,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use crate::migrate::{check_sqlite, migrate_sqlite};
 use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
+mod checkpoint;
 mod inbox;
 mod journal;
 mod leases;

@@ -28,6 +28,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+use super::checkpoint::{Checkpointer, hand_over};
 use super::ops::{Applied, Failure, Reply, Write};
 use crate::{Result, StoreError};
 
@@ -83,8 +84,9 @@ impl Writer {
             .name("skillstate-sqlite-writer".into())
             .spawn(move || match open(&path, synchronous) {
                 Ok(conn) => {
+                    let checkpointer = start_checkpoints(&conn, &path, &name);
                     let _ = ready.send(Ok(()));
-                    run(conn, receiver, &name);
+                    run(conn, receiver, &name, checkpointer.as_ref());
                 }
                 Err(error) => {
                     let _ = ready.send(Err(error.to_string()));
@@ -157,7 +159,29 @@ fn open(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-fn run(conn: Connection, mut receiver: mpsc::Receiver<Request>, location: &str) {
+/// Moves the WAL checkpoints of `conn` to a [`Checkpointer`] of their own. When that cannot
+/// start, `conn` keeps checkpointing as SQLite does by default (slower, never wrong).
+fn start_checkpoints(conn: &Connection, path: &Path, location: &str) -> Option<Checkpointer> {
+    let started = Checkpointer::start(path).and_then(|checkpointer| {
+        hand_over(conn)
+            .map(|()| checkpointer)
+            .map_err(|e| e.to_string())
+    });
+    match started {
+        Ok(checkpointer) => Some(checkpointer),
+        Err(error) => {
+            tracing::warn!(%location, %error, "SQLite checkpoints stay on the writer's thread");
+            None
+        }
+    }
+}
+
+fn run(
+    conn: Connection,
+    mut receiver: mpsc::Receiver<Request>,
+    location: &str,
+    checkpointer: Option<&Checkpointer>,
+) {
     let mut group: Vec<(Box<Write>, oneshot::Sender<Result<Reply>>)> =
         Vec::with_capacity(MAX_GROUP);
     let mut pending: Option<Request> = None;
@@ -193,6 +217,9 @@ fn run(conn: Connection, mut receiver: mpsc::Receiver<Request>, location: &str) 
         }
         let writes: Vec<&Write> = group.iter().map(|(write, _)| &**write).collect();
         let results = commit_group(&conn, &writes, location);
+        if let Some(checkpointer) = checkpointer {
+            checkpointer.nudge();
+        }
         for ((_, reply), result) in group.drain(..).zip(results) {
             // A caller that stopped waiting no longer needs its answer.
             let _ = reply.send(result);
