@@ -7,8 +7,10 @@ mod redaction;
 
 pub(crate) use redaction::{Redaction, shown_state};
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use skillstate_store::{
     IntentRecord, JournalEntry, TaskRecord, TaskStatus, TaskSummary, Verdict, time,
 };
@@ -69,10 +71,28 @@ pub struct TaskView {
     pub outcome: Option<Value>,
     /// The task this one was forked from, and at which step.
     pub parent: Option<ForkOrigin>,
+    /// The labels given at creation (`{}` when none).
+    pub labels: BTreeMap<String, String>,
     #[schema(format = DateTime)]
     pub created_at: String,
     #[schema(format = DateTime)]
     pub updated_at: String,
+}
+
+/// Labels as shown: the stored JSON object's string values as they are. Tasks created through
+/// the service have only those; a value of another kind (a task made elsewhere, `line` of a
+/// batch input) is shown as its JSON text.
+fn shown_labels(labels: &Map<String, Value>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .map(|(name, value)| {
+            let text = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            (name.clone(), text)
+        })
+        .collect()
 }
 
 /// Where a forked task came from.
@@ -102,6 +122,7 @@ impl TaskView {
                 task: task.clone(),
                 step: *step,
             }),
+            labels: shown_labels(&task.labels),
             created_at: rfc3339(task.created_at),
             updated_at: rfc3339(task.updated_at),
         }
@@ -119,6 +140,8 @@ pub struct TaskListItem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
     pub version: u64,
+    /// The labels given at creation (`{}` when none).
+    pub labels: BTreeMap<String, String>,
     #[schema(format = DateTime)]
     pub created_at: String,
     #[schema(format = DateTime)]
@@ -138,6 +161,7 @@ impl TaskListItem {
                 .as_ref()
                 .map(|_| "the stored task row is unreadable".to_owned()),
             version: task.version,
+            labels: task.labels.as_ref().map(shown_labels).unwrap_or_default(),
             created_at: rfc3339(task.created_at),
             updated_at: rfc3339(task.updated_at),
         }

@@ -1,7 +1,7 @@
 //! The records the store keeps.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +78,9 @@ pub struct TaskRecord {
     /// The tenant that owns the task (`Tenancy`); `None` for tasks created outside the
     /// service.
     pub tenant: Option<String>,
+    /// The task's labels as given at creation (`TaskOwner::labels`, `QueuedTask::labels`);
+    /// empty when it has none.
+    pub labels: Map<String, Value>,
 }
 
 /// What reading and writing a task's state needs of the task (`Tasks::task_state`): its state,
@@ -123,6 +126,9 @@ pub struct TaskSummary {
     pub model: String,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The task's labels (empty when it has none); `None` from a listing that does not read
+    /// them (`Tasks::list_tasks`, which also reads databases from before labels existed).
+    pub labels: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

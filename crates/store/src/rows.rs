@@ -2,6 +2,7 @@
 //! text and integers as 64-bit).
 
 use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 use skillstate_core::{ContextStrategy, SkillDefinition};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
@@ -39,6 +40,22 @@ where
     }
 }
 
+/// A task's `labels` column: `{}` when NULL (a task created without labels) or JSON `null`; an
+/// error naming the column for text that is not a JSON object.
+pub(crate) fn labels_of(text: Option<&str>) -> Result<Map<String, Value>> {
+    let Some(text) = text else {
+        return Ok(Map::new());
+    };
+    match decode::<Value>("labels of task", text)? {
+        Value::Object(labels) => Ok(labels),
+        Value::Null => Ok(Map::new()),
+        _ => Err(StoreError::Decode {
+            what: "labels of task".into(),
+            message: "not a JSON object".into(),
+        }),
+    }
+}
+
 pub(crate) fn task_from_row<R: Row>(row: &R) -> Result<TaskRecord>
 where
     for<'c> &'c str: ColumnIndex<R>,
@@ -71,6 +88,8 @@ where
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         tenant: later_text_column(row, "tenant")?,
+        // Came with schema 3; older databases opened read-only have none.
+        labels: labels_of(later_text_column(row, "labels")?.as_deref())?,
         id,
     })
 }
@@ -149,6 +168,18 @@ where
     if status.is_none() && status_text != "?" {
         problems.push(format!("unknown status `{status_text}`"));
     }
+    // Only listings that select the column have labels.
+    let labels = match row.try_get::<Option<String>, _>("labels") {
+        Err(sqlx::Error::ColumnNotFound(_)) => None,
+        Err(e) => {
+            problems.push(format!("labels: {e}"));
+            Some(Map::new())
+        }
+        Ok(text) => Some(labels_of(text.as_deref()).unwrap_or_else(|e| {
+            problems.push(e.to_string());
+            Map::new()
+        })),
+    };
     TaskSummary {
         id,
         skill_name,
@@ -158,6 +189,7 @@ where
         model,
         created_at,
         updated_at,
+        labels,
     }
 }
 

@@ -190,7 +190,7 @@ impl Tenancy for PostgresStore {
         // Only the filters asked for are in the statement, so each listing uses its index
         // (`tasks_by_tenant` for a tenant's, the primary key otherwise).
         let mut sql = String::from(
-            "SELECT id, skill_name, status, version, model, created_at, updated_at FROM tasks WHERE true",
+            "SELECT id, skill_name, status, version, model, created_at, updated_at, labels FROM tasks WHERE true",
         );
         // Each condition's placeholders are numbered after the values bound so far.
         let mut binds: Vec<&str> = Vec::new();

@@ -28,7 +28,7 @@ use serde_json::Value;
 use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
 
 use crate::model::{IntentRecord, TaskRecord, TaskState};
-use crate::rows::{decode, decode_opt, parse_status};
+use crate::rows::{decode, decode_opt, labels_of, parse_status};
 use crate::service::KeyRecord;
 use crate::{Result, StoreError};
 
@@ -275,7 +275,7 @@ fn is_full_id(id: &str) -> bool {
 }
 
 /// A task row: skill and tools, then the columns of `RawTask::of`.
-const TASK: &str = "SELECT skill, tools, id, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at, tenant FROM tasks WHERE id = ?";
+const TASK: &str = "SELECT skill, tools, id, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at, tenant, labels FROM tasks WHERE id = ?";
 
 /// A task row as text but its skill and tools, decoded after the connection is given back.
 struct RawTask {
@@ -294,6 +294,7 @@ struct RawTask {
     created_at: i64,
     updated_at: i64,
     tenant: Option<String>,
+    labels: Option<String>,
 }
 
 impl RawTask {
@@ -316,6 +317,7 @@ impl RawTask {
             created_at: row.get(at + 12)?,
             updated_at: row.get(at + 13)?,
             tenant: row.get(at + 14)?,
+            labels: row.get(at + 15)?,
         })
     }
 
@@ -350,6 +352,7 @@ impl RawTask {
             created_at: self.created_at,
             updated_at: self.updated_at,
             tenant: self.tenant,
+            labels: labels_of(self.labels.as_deref())?,
             id: self.id,
         })
     }

@@ -158,7 +158,7 @@ impl Tenancy for SqliteStore {
         // Only the filters asked for are in the statement, so each listing uses its index
         // (`tasks_by_tenant` for a tenant's, the primary key otherwise).
         let mut sql = String::from(
-            "SELECT id, skill_name, status, version, model, created_at, updated_at FROM tasks WHERE 1 = 1",
+            "SELECT id, skill_name, status, version, model, created_at, updated_at, labels FROM tasks WHERE 1 = 1",
         );
         let mut binds: Vec<&str> = Vec::new();
         if let Some(tenant) = &query.tenant {

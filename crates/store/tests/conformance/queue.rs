@@ -252,7 +252,10 @@ async fn an_expired_claim_is_claimed_again_and_the_old_holder_has_lost_it() -> a
         tokio::time::sleep(std::time::Duration::from_millis(30)).await;
         // The expired lease makes the task claimable already: an idle worker that missed it
         // by a moment must look again at once, not conclude nothing is left.
-        let wakeup = store.next_wakeup(None).await?.context("an expired lease is claimable")?;
+        let wakeup = store
+            .next_wakeup(None)
+            .await?
+            .context("an expired lease is claimable")?;
         assert!(wakeup <= now(), "{wakeup} is in the future");
         let second = claim_one(store.as_ref(), "alive", None)
             .await?

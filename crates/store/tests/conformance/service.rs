@@ -494,6 +494,136 @@ async fn listings_filter_by_status_skill_and_string_label() -> anyhow::Result<()
     .await
 }
 
+/// A task's labels come back from every read of the task: by full id (on SQLite the point read
+/// on the caller's thread), by id prefix (the pool), through a second handle, a read-only open,
+/// and the service's listing; `{}` for a task made without any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_labels_come_back_from_every_read() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let labels = json!({"team": "ops", "ticket": "T-7", "a \"b\".c": "", "n": 5});
+        let (task, _) = store
+            .create_owned_task(
+                new_task(),
+                &json!({}),
+                &owner("acme", Some("labelled"), labels.clone()),
+            )
+            .await?;
+        let expected = labels.as_object().context("labels are an object")?.clone();
+        assert_eq!(task.labels, expected);
+        // A replayed create returns the first task's labels, not the retry's.
+        let (again, created) = store
+            .create_owned_task(
+                new_task(),
+                &json!({}),
+                &owner("acme", Some("labelled"), json!({"team": "dev"})),
+            )
+            .await?;
+        assert!(!created);
+        assert_eq!(again.labels, expected);
+        let (plain, _) = store
+            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .await?;
+        assert!(plain.labels.is_empty());
+        // A task made outside the service has none (the column is NULL).
+        let local = store.create_task(new_task(), &json!({})).await?;
+        assert!(local.labels.is_empty());
+        // Queued tasks keep theirs.
+        let batch = store
+            .create_batch(&NewBatch {
+                name: "labels".into(),
+                spec: json!({}),
+                on_error: OnError::SkipAndLog,
+                max_retry: 0,
+                rate_limit: RateLimit::default(),
+            })
+            .await?;
+        let queued = store
+            .enqueue_tasks(
+                &batch.id,
+                vec![QueuedTask {
+                    task: new_task(),
+                    initial_state: json!({}),
+                    labels: json!({"file": "order-7.txt", "line": 3}),
+                }],
+            )
+            .await?;
+        assert_eq!(
+            Value::Object(store.task(&queued[0]).await?.labels),
+            json!({"file": "order-7.txt", "line": 3})
+        );
+
+        let second = db.open().await?;
+        let reader = open_existing(&db.location(), &StoreOptions::default()).await?;
+        for handle in [&store, &second, &reader] {
+            assert_eq!(handle.task(&task.id).await?, task);
+            assert_eq!(handle.task(&task.id[..30]).await?.labels, expected);
+            assert!(handle.task(&local.id).await?.labels.is_empty());
+        }
+        let listed = store
+            .list_tasks_page(&page(Some("acme"), None, 100))
+            .await?;
+        let listed_labels = |id: &str| listed.iter().find(|t| t.id == id).map(|t| t.labels.clone());
+        assert_eq!(listed_labels(&task.id), Some(Some(expected.clone())));
+        assert_eq!(listed_labels(&plain.id), Some(Some(serde_json::Map::new())));
+        let labelled = store
+            .list_tasks_page(&TaskQuery {
+                label: Some(("ticket".into(), "T-7".into())),
+                ..page(Some("acme"), None, 100)
+            })
+            .await?;
+        assert_eq!(labelled.len(), 1);
+        assert_eq!(labelled[0].labels, Some(expected.clone()));
+        // The local listing does not read them.
+        assert!(store.list_tasks().await?.iter().all(|t| t.labels.is_none()));
+
+        // Stored labels that are not a JSON object: the task's read names the column, the
+        // listing still shows the row (with its problem) and every other one.
+        db.execute(&format!(
+            "UPDATE tasks SET labels = '[\"ops\"]' WHERE id = '{}'",
+            plain.id
+        ))
+        .await?;
+        let error = store
+            .task(&plain.id)
+            .await
+            .err()
+            .context("bad labels load")?;
+        assert!(error.to_string().contains("labels"), "{error}");
+        let listed = store
+            .list_tasks_page(&page(Some("acme"), None, 100))
+            .await?;
+        assert_eq!(listed.len(), 2);
+        let bad = listed
+            .iter()
+            .find(|t| t.id == plain.id)
+            .context("bad row listed")?;
+        assert!(
+            bad.problem.as_deref().is_some_and(|p| p.contains("labels")),
+            "{bad:?}"
+        );
+        assert_eq!(bad.status, Some(TaskStatus::Running));
+        // JSON `null` is no labels.
+        db.execute(&format!(
+            "UPDATE tasks SET labels = 'null' WHERE id = '{}'",
+            plain.id
+        ))
+        .await?;
+        assert!(store.task(&plain.id).await?.labels.is_empty());
+
+        // A database from before labels (schema 2) still reads, read-only: no labels.
+        drop((store, second, reader));
+        db.execute("ALTER TABLE tasks DROP COLUMN labels").await?;
+        let old = open_existing(&db.location(), &StoreOptions::default()).await?;
+        let read = old.task(&task.id).await?;
+        assert!(read.labels.is_empty());
+        assert_eq!(read.tenant.as_deref(), Some("acme"));
+        assert_eq!(old.list_tasks().await?.len(), 4);
+        Ok(())
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // Events
 
