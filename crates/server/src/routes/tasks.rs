@@ -400,12 +400,10 @@ pub async fn delete_task(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let task = owned_task(&state, &caller, &id).await?;
-    let hold = Hold::take(&state, &caller, &task.id).await?;
-    let deleted = state.store.delete_task(&task.id).await;
-    if deleted.is_err() {
-        hold.release(&state).await;
-    }
-    deleted?;
+    Hold::run(&state, &caller, &task.id, |state, id| async move {
+        Ok(state.store.delete_task(&id).await?)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -442,10 +440,12 @@ pub async fn cancel_task(
     if let Some(view) = already_ended(&task)? {
         return Ok(axum::Json(view));
     }
-    let hold = Hold::take(&state, &caller, &task.id).await?;
-    let result = cancel_held(&state, &caller, &task.id).await;
-    hold.release(&state).await;
-    result.map(axum::Json)
+    let by = caller.clone();
+    Hold::run(&state, &caller, &task.id, |state, id| async move {
+        cancel_held(&state, &by, &id).await
+    })
+    .await
+    .map(axum::Json)
 }
 
 /// With the lease held: the task as it is now, cancelled unless it ended meanwhile.

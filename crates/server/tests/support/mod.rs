@@ -203,6 +203,16 @@ impl Db {
         )
     }
 
+    /// A connection of its own to this PostgreSQL database, in the store's schema; `None` on
+    /// SQLite.
+    pub async fn pg_connection(&self) -> Option<sqlx::PgConnection> {
+        let (url, schema) = self.postgres.as_ref()?;
+        let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
+            .unwrap()
+            .options([("search_path", schema.as_str())]);
+        Some(sqlx::PgConnection::connect_with(&options).await.unwrap())
+    }
+
     pub async fn destroy(self) {
         if let Some((url, schema)) = &self.postgres {
             let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
