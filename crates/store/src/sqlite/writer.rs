@@ -84,7 +84,7 @@ impl Writer {
             .name("skillstate-sqlite-writer".into())
             .spawn(move || match open(&path, synchronous) {
                 Ok(conn) => {
-                    let checkpointer = start_checkpoints(&conn, &path, &name);
+                    let checkpointer = start_checkpoints(&conn, &path, synchronous, &name);
                     let _ = ready.send(Ok(()));
                     run(conn, receiver, &name, checkpointer.as_ref());
                 }
@@ -155,14 +155,28 @@ fn open(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "synchronous", synchronous)?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    // Each write of a group runs under a savepoint, whose rollback journal SQLite keeps in a
+    // temporary file by default: created, grown and unlinked once per group, and the unlink
+    // (dropping its pages from the page cache) cost more than the group's own writes. A
+    // group's savepoint journal is small; memory holds it.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // The pages a group touches (the tasks' rows, the ends of the journal's and events'
+    // indexes) stay in the writer's cache instead of being read back from the file; SQLite's
+    // default keeps 2 MiB.
+    conn.pragma_update(None, "cache_size", -32_768)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
 
 /// Moves the WAL checkpoints of `conn` to a [`Checkpointer`] of their own. When that cannot
 /// start, `conn` keeps checkpointing as SQLite does by default (slower, never wrong).
-fn start_checkpoints(conn: &Connection, path: &Path, location: &str) -> Option<Checkpointer> {
-    let started = Checkpointer::start(path).and_then(|checkpointer| {
+fn start_checkpoints(
+    conn: &Connection,
+    path: &Path,
+    synchronous: &str,
+    location: &str,
+) -> Option<Checkpointer> {
+    let started = Checkpointer::start(path, synchronous).and_then(|checkpointer| {
         hand_over(conn)
             .map(|()| checkpointer)
             .map_err(|e| e.to_string())
@@ -219,6 +233,7 @@ fn run(
         let results = commit_group(&conn, &writes, location);
         if let Some(checkpointer) = checkpointer {
             checkpointer.nudge();
+            checkpointer.restart_if_due(&conn, BUSY_TIMEOUT);
         }
         for ((_, reply), result) in group.drain(..).zip(results) {
             // A caller that stopped waiting no longer needs its answer.
