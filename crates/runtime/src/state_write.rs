@@ -324,21 +324,62 @@ async fn prepare(
     })
 }
 
-/// Compiled state schemas by their JSON text: a task's schema is frozen when it is created,
-/// and the tasks of one skill share it, so a write compiles none after the first.
-static SCHEMAS: Mutex<Option<HashMap<String, Arc<StateSchema>>>> = Mutex::new(None);
-/// Schemas kept at most; the cache starts over when full.
+/// Compiled state schemas: a task's schema is frozen when it is created, and the tasks of one
+/// skill share it, so a write compiles none after the first.
+///
+/// Looked up first by the address of the task's schema value — the store hands out one shared
+/// value per task while it keeps the task decoded (`TaskState::schema`), and each entry holds
+/// its `Arc`, so an address in the map is never reused by another value — which spares a
+/// write serialising the whole schema; else by the schema's JSON text, which finds the
+/// compiled schema of another task of the same skill.
+struct Schemas {
+    by_address: HashMap<usize, (Arc<Value>, Arc<StateSchema>)>,
+    by_text: HashMap<String, Arc<StateSchema>>,
+}
+
+static SCHEMAS: Mutex<Option<Schemas>> = Mutex::new(None);
+/// Entries kept at most in each map; a full map starts over.
 const SCHEMAS_KEPT: usize = 256;
 
 fn compiled_schema(task: &TaskState) -> Result<Arc<StateSchema>, StateWriteError> {
+    let address = Arc::as_ptr(&task.schema) as usize;
+    let remember = |schema: &Arc<StateSchema>, key: Option<String>| {
+        let mut schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+        let schemas = schemas.get_or_insert_with(|| Schemas {
+            by_address: HashMap::new(),
+            by_text: HashMap::new(),
+        });
+        if schemas.by_address.len() >= SCHEMAS_KEPT {
+            schemas.by_address.clear();
+        }
+        schemas
+            .by_address
+            .insert(address, (task.schema.clone(), schema.clone()));
+        if let Some(key) = key {
+            if schemas.by_text.len() >= SCHEMAS_KEPT {
+                schemas.by_text.clear();
+            }
+            schemas.by_text.insert(key, schema.clone());
+        }
+    };
+    {
+        let schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, schema)) = schemas
+            .as_ref()
+            .and_then(|schemas| schemas.by_address.get(&address))
+        {
+            return Ok(schema.clone());
+        }
+    }
     let key = task.schema.to_string();
-    if let Some(schema) = SCHEMAS
+    let known = SCHEMAS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
-        .and_then(|schemas| schemas.get(&key))
-    {
-        return Ok(schema.clone());
+        .and_then(|schemas| schemas.by_text.get(&key).cloned());
+    if let Some(schema) = known {
+        remember(&schema, None);
+        return Ok(schema);
     }
     let schema = StateSchema::compile(Value::clone(&task.schema)).map_err(|defect| {
         StateWriteError::StoredTask {
@@ -350,11 +391,41 @@ fn compiled_schema(task: &TaskState) -> Result<Arc<StateSchema>, StateWriteError
         }
     })?;
     let schema = Arc::new(schema);
-    let mut schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
-    let schemas = schemas.get_or_insert_with(HashMap::new);
-    if schemas.len() >= SCHEMAS_KEPT {
-        schemas.clear();
-    }
-    schemas.insert(key, schema.clone());
+    remember(&schema, Some(key));
     Ok(schema)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn task(schema: Arc<Value>) -> TaskState {
+        TaskState {
+            id: "t".into(),
+            tenant: None,
+            status: skillstate_store::TaskStatus::Running,
+            version: 0,
+            state: json!({}),
+            schema,
+            state_tokens: 1000,
+        }
+    }
+
+    #[test]
+    fn each_task_is_checked_against_its_own_schema_whichever_way_it_is_found() {
+        let numbers = Arc::new(json!({"type": "object", "properties": {"a": {"type": "integer"}}}));
+        let words = Arc::new(json!({"type": "object", "properties": {"a": {"type": "string"}}}));
+        let first = compiled_schema(&task(numbers.clone())).unwrap();
+        // The same shared value: found by its address.
+        let again = compiled_schema(&task(numbers.clone())).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        // An equal value elsewhere (another task of the skill): found by its text.
+        let equal = compiled_schema(&task(Arc::new(Value::clone(&numbers)))).unwrap();
+        assert!(Arc::ptr_eq(&first, &equal));
+        // Another schema is never answered from the first one's entries.
+        let other = compiled_schema(&task(words)).unwrap();
+        assert!(other.is_valid(&json!({"a": "x"})) && !other.is_valid(&json!({"a": 1})));
+        assert!(first.is_valid(&json!({"a": 1})) && !first.is_valid(&json!({"a": "x"})));
+    }
 }
