@@ -238,9 +238,11 @@ impl Environment for Till {
 async fn crash_after_commit(
     store: Arc<skillstate_store::SqliteStore>,
     side_effect: SideEffect,
+    on_unknown_outcome: skillstate_core::skill::UnknownOutcome,
 ) -> String {
     let mut skill_def = notes_skill(5).definition;
     skill_def.settings.tools.allow = vec!["till".into()];
+    skill_def.settings.run.on_unknown_outcome = on_unknown_outcome;
     let skill = Skill::from_definition(skill_def).unwrap();
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut env = Till::new(side_effect, calls.clone());
@@ -292,7 +294,12 @@ async fn crash_after_commit(
 async fn restart(side_effect: SideEffect) -> (String, usize, String) {
     let tmp = tempfile::tempdir().unwrap();
     let (store, _) = sqlite_store(tmp.path()).await;
-    let task = crash_after_commit(store.clone(), side_effect).await;
+    let task = crash_after_commit(
+        store.clone(),
+        side_effect,
+        skillstate_core::skill::UnknownOutcome::Observe,
+    )
+    .await;
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut env = Till::new(side_effect, calls.clone());
     let model = scripted(vec![String::new(), answer(json!({}), "finish", json!({}))]);
@@ -328,13 +335,12 @@ async fn after_a_crash_an_effectful_action_is_not_repeated_blindly() {
 async fn a_skill_can_ask_a_human_about_an_unknown_outcome() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, _) = sqlite_store(tmp.path()).await;
-    let task = crash_after_commit(store.clone(), SideEffect::Effectful).await;
-    // Switch the frozen skill to `on_unknown_outcome = "ask"`, as if it had been written so.
-    sqlx::query("UPDATE tasks SET skill = json_set(skill, '$.settings.run.on_unknown_outcome', 'ask') WHERE id = ?")
-        .bind(&task)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    let task = crash_after_commit(
+        store.clone(),
+        SideEffect::Effectful,
+        skillstate_core::skill::UnknownOutcome::Ask,
+    )
+    .await;
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let model = scripted(vec![String::new(), answer(json!({}), "finish", json!({}))]);
     let mut env = Till::new(SideEffect::Effectful, calls.clone());

@@ -42,6 +42,12 @@ pub const SQLITE: &[Migration] = &[
         name: "inbox",
         sql: include_str!("../migrations/sqlite/0006_inbox.sql"),
     },
+    // SQLite only: PostgreSQL keeps skill and tools in `tasks` (TOAST).
+    Migration {
+        version: 7,
+        name: "task_specs",
+        sql: include_str!("../migrations/sqlite/0007_task_specs.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -213,7 +219,8 @@ pub async fn check_postgres(pool: &PgPool, location: &str) -> Result<(), StoreEr
 }
 
 /// Read-only commands read any schema version from 1 up to the newest this build knows; the
-/// columns older versions lack are only used by commands that write (and migrate first).
+/// columns older versions lack are only used by commands that write (and migrate first), and
+/// SQLite's task reads find skill and tools in `tasks` before schema 7 (`sqlite/mod.rs`).
 fn check_version(
     current: Option<i64>,
     migrations: &[Migration],

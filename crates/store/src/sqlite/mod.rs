@@ -87,12 +87,18 @@ pub struct SqliteStore {
     /// The `synchronous` pragma of the writer's connection.
     synchronous: &'static str,
     location: String,
+    /// `TASK_BY_ID`, or `TASK_BY_ID_BEFORE_SPECS` for an older schema opened read-only.
+    task_by_id: &'static str,
     _temp: Option<TempDb>,
 }
 
-/// Every column: `tenant` came with schema 5, and read-only opens read older schemas too
-/// (`rows::later_text_column`).
-pub(super) const TASK_COLUMNS: &str = "*";
+/// A task by its id (`?`), as `rows::task_from_row` decodes it: every column of `tasks` (`tenant`
+/// came with schema 5, and read-only opens read older schemas too: `rows::later_text_column`)
+/// and its skill and tools, which live in `task_specs` since schema 7 (migration 7 says why).
+/// A LEFT JOIN: a task without them fails to decode, naming the column, instead of vanishing.
+const TASK_BY_ID: &str = "SELECT t.*, s.skill, s.tools FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?";
+/// `TASK_BY_ID` for a database before schema 7, opened read-only: skill and tools in `tasks`.
+const TASK_BY_ID_BEFORE_SPECS: &str = "SELECT * FROM tasks WHERE id = ?";
 
 impl SqliteStore {
     pub async fn open(location: &str, synchronous: Synchronous) -> Result<Self> {
@@ -180,6 +186,7 @@ impl SqliteStore {
                 Err(e) => return Err(open_error(e.to_string())),
             }
         };
+        let mut task_by_id = TASK_BY_ID;
         let pool = match mode {
             OpenMode::ReadWrite => {
                 migrate_sqlite(&pool).await?;
@@ -196,6 +203,17 @@ impl SqliteStore {
             }
             OpenMode::Existing => {
                 check_sqlite(&pool, location).await?;
+                // Decided once: a process that migrates the file meanwhile makes this store's
+                // task reads fail (no `skill` column), never answer wrongly; read-only opens are
+                // the short-lived looking commands.
+                let specs_apart: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'task_specs')",
+                )
+                .fetch_one(&pool)
+                .await?;
+                if !specs_apart {
+                    task_by_id = TASK_BY_ID_BEFORE_SPECS;
+                }
                 pool
             }
         };
@@ -211,6 +229,7 @@ impl SqliteStore {
                 _ => "FULL",
             },
             location: location.to_owned(),
+            task_by_id,
             _temp: temp,
         })
     }

@@ -90,8 +90,8 @@ impl NewTasks {
     }
 }
 
-/// Writes `rows` (queued in `batch` when given) with their snapshots, opening observations and
-/// `created` events.
+/// Writes `rows` (queued in `batch` when given) with their skills and tools (`task_specs`),
+/// snapshots, opening observations and `created` events.
 fn insert_tasks(
     conn: &Connection,
     rows: &[TaskRow],
@@ -99,9 +99,11 @@ fn insert_tasks(
     now: i64,
 ) -> OpResult<()> {
     let mut task = conn.prepare_cached(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
         )?;
+    let mut spec =
+        conn.prepare_cached("INSERT INTO task_specs (task_id, skill, tools) VALUES (?, ?, ?)")?;
     let mut snapshot = conn.prepare_cached(
         "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)",
     )?;
@@ -113,8 +115,6 @@ fn insert_tasks(
         task.execute(params![
             row.id,
             row.skill_name,
-            row.skill,
-            row.tools,
             row.context,
             row.context_budget,
             row.model,
@@ -129,6 +129,7 @@ fn insert_tasks(
             row.tenant,
             row.idempotency_key,
         ])?;
+        spec.execute(params![row.id, row.skill, row.tools])?;
         snapshot.execute(params![row.id, row.state, row.state_hash])?;
         observation.execute(params![row.id, row.opening_observation])?;
         created.execute(params![now, row.id])?;

@@ -5,15 +5,20 @@
 //! connection's worker thread and back), which is most of a request's CPU time (README
 //! "Performance", "HTTP service").
 //!
-//! A task's skill definition and tool list never change after its creation, and they are most of
-//! its row: they are decoded once per task and kept (`DECODED_KEPT` tasks at most) with the text
-//! they came from; a later read compares the stored text with it (a memory comparison, the
-//! bytes were read anyway) and decodes only the rest of the row.
+//! A task's skill definition and tool list (about 4 KB) are most of what a read of it decodes,
+//! and they never change after its creation: since schema 7 they are a row of `task_specs`,
+//! written in the task's creating transaction (a fork gets a copy of its own), deleted with the
+//! task, and refused any UPDATE by a trigger. So they are read and decoded once per task and kept
+//! (`DECODED_KEPT` tasks at most); while a task's are kept, its reads read only its `tasks` row
+//! (no overflow pages) and decode only that. A kept entry cannot go stale: task ids are UUID v7
+//! made by the store and never reused, and a deleted task is not found in `tasks` whatever is
+//! kept. (Only hand-written SQL that deletes a task's `task_specs` row and inserts another one
+//! would go unseen, until the entry is dropped.)
 //!
 //! Each read runs on an idle connection of this module's own (opened on first use, at most
 //! `IDLE` kept), in its own read transaction, exactly as a pooled read would. Anything unusual
-//! — the file cannot be opened, a lock is not granted within `BUSY`, a column is missing in an
-//! older schema opened read-only — answers `None`, and the caller reads through the pool
+//! — the file cannot be opened, a lock is not granted within `BUSY`, a column or table is missing
+//! in an older schema opened read-only — answers `None`, and the caller reads through the pool
 //! instead, which waits for locks as long as the pool does and reports errors as before. So
 //! these reads never change an answer, only how fast it comes; and a caller's thread waits at
 //! most `BUSY` here.
@@ -39,14 +44,12 @@ const BUSY: Duration = Duration::from_millis(20);
 /// Tasks whose decoded skill and tools are kept; the cache starts over when full.
 const DECODED_KEPT: usize = 4096;
 
-/// A task's skill definition and tool list, decoded, with the text they were decoded from.
+/// A task's skill definition and tool list, decoded.
 struct Decoded {
     skill: SkillDefinition,
     tools: Vec<ToolSpec>,
     /// `skill.schema`, shared by `TaskState`s.
     schema: Arc<Value>,
-    skill_text: String,
-    tools_text: String,
 }
 
 pub(super) struct Readers {
@@ -105,34 +108,36 @@ impl Readers {
         )
     }
 
-    /// The row of task `id`, its skill and tools decoded: taken from `decoded` when the stored
-    /// text is the text decoded last time, else decoded and kept.
+    /// The row of task `id`, its skill and tools decoded: taken from `decoded` when kept there,
+    /// else read with the row, decoded and kept.
     fn task_row(&self, id: &str) -> Option<Result<(RawTask, Arc<Decoded>)>> {
-        let (raw, found) = self
+        let kept = self
+            .decoded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        let (raw, texts) = self
             .read(|conn| {
-                conn.prepare_cached(TASK)?
+                if kept.is_some() {
+                    return conn
+                        .prepare_cached(TASK)?
+                        .query_row([id], |row| Ok((RawTask::of(row)?, None)))
+                        .optional();
+                }
+                conn.prepare_cached(TASK_WITH_SPEC)?
                     .query_row([id], |row| {
-                        let raw = RawTask::of(row)?;
-                        let skill = row.get_ref(0)?.as_str()?;
-                        let tools = row.get_ref(1)?.as_str()?;
-                        let known = self
-                            .decoded
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(id)
-                            .filter(|d| d.skill_text == skill && d.tools_text == tools)
-                            .cloned();
-                        Ok((
-                            raw,
-                            known.ok_or_else(|| (skill.to_owned(), tools.to_owned())),
-                        ))
+                        let skill: String = row.get(SPEC_AT)?;
+                        let tools: String = row.get(SPEC_AT + 1)?;
+                        Ok((RawTask::of(row)?, Some((skill, tools))))
                     })
                     .optional()
             })
             .flatten()?;
-        let (skill_text, tools_text) = match found {
-            Ok(known) => return Some(Ok((raw, known))),
-            Err(texts) => texts,
+        let (skill_text, tools_text) = match (kept, texts) {
+            (Some(kept), _) => return Some(Ok((raw, kept))),
+            (None, Some(texts)) => texts,
+            (None, None) => return None,
         };
         let decoded = (|| {
             let skill: SkillDefinition = decode("skill of task", &skill_text)?;
@@ -141,8 +146,6 @@ impl Readers {
                 schema: Arc::new(skill.schema.clone()),
                 skill,
                 tools,
-                skill_text,
-                tools_text,
             }))
         })();
         let decoded = match decoded {
@@ -274,10 +277,25 @@ fn is_full_id(id: &str) -> bool {
         })
 }
 
-/// A task row: skill and tools, then the columns of `RawTask::of`.
-const TASK: &str = "SELECT skill, tools, id, context, context_budget, model, environment, env_checkpoint, status, state, version, outcome, parent_task, parent_step, created_at, updated_at, tenant, labels FROM tasks WHERE id = ?";
+/// The columns of `RawTask::of`, in its order.
+macro_rules! task_columns {
+    () => {
+        "t.id, t.context, t.context_budget, t.model, t.environment, t.env_checkpoint, t.status, t.state, t.version, t.outcome, t.parent_task, t.parent_step, t.created_at, t.updated_at, t.tenant, t.labels"
+    };
+}
 
-/// A task row as text but its skill and tools, decoded after the connection is given back.
+/// A task row, without its skill and tools.
+const TASK: &str = concat!("SELECT ", task_columns!(), " FROM tasks t WHERE t.id = ?");
+/// A task row, then its skill and tools (columns `SPEC_AT` and `SPEC_AT + 1`; NULL when not
+/// stored, which fails the read here and leaves the error to the pool's read).
+const TASK_WITH_SPEC: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    ", s.skill, s.tools FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?"
+);
+const SPEC_AT: usize = 16;
+
+/// A task row as text, decoded after the connection is given back.
 struct RawTask {
     id: String,
     context: String,
@@ -298,26 +316,25 @@ struct RawTask {
 }
 
 impl RawTask {
-    /// Columns 2.. of a `TASK` row.
+    /// The first columns of a `TASK` or `TASK_WITH_SPEC` row.
     fn of(row: &Row<'_>) -> rusqlite::Result<Self> {
-        let at = 2;
         Ok(Self {
-            id: row.get(at)?,
-            context: row.get(at + 1)?,
-            context_budget: row.get(at + 2)?,
-            model: row.get(at + 3)?,
-            environment: row.get(at + 4)?,
-            env_checkpoint: row.get(at + 5)?,
-            status: row.get(at + 6)?,
-            state: row.get(at + 7)?,
-            version: row.get(at + 8)?,
-            outcome: row.get(at + 9)?,
-            parent_task: row.get(at + 10)?,
-            parent_step: row.get(at + 11)?,
-            created_at: row.get(at + 12)?,
-            updated_at: row.get(at + 13)?,
-            tenant: row.get(at + 14)?,
-            labels: row.get(at + 15)?,
+            id: row.get(0)?,
+            context: row.get(1)?,
+            context_budget: row.get(2)?,
+            model: row.get(3)?,
+            environment: row.get(4)?,
+            env_checkpoint: row.get(5)?,
+            status: row.get(6)?,
+            state: row.get(7)?,
+            version: row.get(8)?,
+            outcome: row.get(9)?,
+            parent_task: row.get(10)?,
+            parent_step: row.get(11)?,
+            created_at: row.get(12)?,
+            updated_at: row.get(13)?,
+            tenant: row.get(14)?,
+            labels: row.get(15)?,
         })
     }
 

@@ -6,9 +6,9 @@ use serde_json::Value;
 use skillstate_core::json::state_hash;
 use sqlx::Connection;
 
+use super::SqliteStore;
 use super::ops::Write;
 use super::ops_tasks::{CREATED_EVENT, NewTasks, TaskRow};
-use super::{SqliteStore, TASK_COLUMNS};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
 use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
@@ -32,8 +32,7 @@ impl Tasks for SqliteStore {
             return task;
         }
         let id = self.resolve_id(id_or_prefix).await?;
-        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let row = sqlx::query(self.task_by_id)
             .bind(&id)
             .fetch_one(&self.pool)
             .await?;
@@ -44,8 +43,7 @@ impl Tasks for SqliteStore {
         if let Some(state) = self.readers.task_state(id) {
             return state;
         }
-        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let row = sqlx::query(self.task_by_id)
             .bind(id)
             .fetch_optional(&self.pool)
             .await?
@@ -75,8 +73,8 @@ impl Tasks for SqliteStore {
         let mut conn = self.write_conn().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let created = sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant) \
-             SELECT ?, skill_name, skill, tools, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant FROM tasks WHERE id = ? AND version >= ?",
+            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant) \
+             SELECT ?, skill_name, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant FROM tasks WHERE id = ? AND version >= ?",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))
@@ -97,6 +95,20 @@ impl Tasks for SqliteStore {
                 task: parent.to_owned(),
                 step,
                 version,
+            });
+        }
+        // The same skill and tools, in a row of the fork's own (deleted with it).
+        let spec = sqlx::query(
+            "INSERT INTO task_specs (task_id, skill, tools) SELECT ?, skill, tools FROM task_specs WHERE task_id = ?",
+        )
+        .bind(&id)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await?;
+        if spec.rows_affected() != 1 {
+            return Err(StoreError::Decode {
+                what: format!("skill and tools of task {parent}"),
+                message: "not stored".into(),
             });
         }
         for sql in [
@@ -171,7 +183,9 @@ impl Tasks for SqliteStore {
     async fn delete_task(&self, task: &str) -> Result<()> {
         let mut conn = self.write_conn().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        // Forks keep their own copies; only the link to the parent goes.
+        // Forks keep their own copies; only the link to the parent goes. The task's rows in the
+        // other tables (its skill and tools in `task_specs` too) go with it: ON DELETE CASCADE,
+        // and every connection of the store turns foreign keys on.
         sqlx::query("UPDATE tasks SET parent_task = NULL WHERE parent_task = ?")
             .bind(task)
             .execute(&mut *tx)

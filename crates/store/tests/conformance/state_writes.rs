@@ -43,13 +43,30 @@ async fn a_task_state_is_the_records_state_by_full_id_only() -> anyhow::Result<(
         let state = store.task_state(&task.id).await?;
         assert_eq!((state.version, &state.state), (3, &json!({"a": 3})));
         assert_eq!(state.status, TaskStatus::Running);
-        // A stored skill is read as it is now, even when changed behind the store's back.
-        db.execute(&format!(
-            "UPDATE tasks SET skill = replace(skill, 'free-form state', 'changed') WHERE id = '{}'",
-            task.id
-        ))
-        .await?;
-        assert_eq!(store.task(&task.id).await?.skill.description, "changed");
+        match db.backend {
+            // The point reads keep a task's skill once read: the database refuses to change it
+            // behind the store's back, and the task reads as it was created.
+            Backend::Sqlite => {
+                let changed = db
+                    .execute(&format!(
+                        "UPDATE task_specs SET skill = replace(skill, 'free-form state', 'changed') WHERE task_id = '{}'",
+                        task.id
+                    ))
+                    .await;
+                let refused = format!("{:#}", changed.err().context("the skill was changed")?);
+                assert!(refused.contains("frozen at its creation"), "{refused}");
+                assert_eq!(store.task(&task.id).await?.skill, task.skill);
+            }
+            // A stored skill is read as it is now, even when changed behind the store's back.
+            Backend::Postgres => {
+                db.execute(&format!(
+                    "UPDATE tasks SET skill = replace(skill, 'free-form state', 'changed') WHERE id = '{}'",
+                    task.id
+                ))
+                .await?;
+                assert_eq!(store.task(&task.id).await?.skill.description, "changed");
+            }
+        }
         for wrong in [&task.id[..8], "no-such-task", &task.id.to_uppercase()] {
             match store.task_state(wrong).await {
                 Err(StoreError::NotFound(_)) => {}
