@@ -81,6 +81,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "inbox",
         sql: include_str!("../migrations/postgres/0006_inbox.sql"),
     },
+    Migration {
+        version: 7,
+        name: "claim_by_batch",
+        sql: include_str!("../migrations/postgres/0007_claim_by_batch.sql"),
+    },
 ];
 
 /// Key of the transaction-scoped advisory lock that serialises migrations across processes.

@@ -1318,12 +1318,13 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 // ---------------------------------------------------------------------------------------------
 // Opening and migrations
 
-/// The newest schema version of `backend`: SQLite has one more (7: skill and tools moved out
-/// of `tasks`, which PostgreSQL's TOAST does not need).
+/// The newest schema version of `backend`. Both are at 7 by different seventh migrations:
+/// SQLite moved skill and tools out of `tasks` (PostgreSQL's TOAST does not need it),
+/// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
         Backend::Sqlite => 7,
-        Backend::Postgres => 6,
+        Backend::Postgres => 7,
     }
 }
 

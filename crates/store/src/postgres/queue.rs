@@ -176,22 +176,31 @@ impl Queue for PostgresStore {
         // locked; a row claimed and committed meanwhile is re-checked against CLAIMABLE and
         // passed over.
         // A lease still recorded on the picked row expired without being released: a takeover.
+        // Two statements, not `($5 IS NULL OR t.batch_id = $5)`: a generic plan of that form
+        // cannot use `tasks_claimable_by_batch` and scans the batch's finished tasks too.
+        let of_batch = if batch.is_some() {
+            "AND t.batch_id = $5"
+        } else {
+            ""
+        };
         let sql = format!(
             "WITH now AS (SELECT {NOW_MS} AS ms), \
-             picked AS (SELECT t.id, t.lease_token IS NOT NULL AS took_over FROM tasks t, now WHERE {CLAIMABLE} AND ($5::text IS NULL OR t.batch_id = $5) \
+             picked AS (SELECT t.id, t.lease_token IS NOT NULL AS took_over FROM tasks t, now WHERE {CLAIMABLE} {of_batch} \
                  ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
              UPDATE tasks SET lease_token = $1, lease_holder = $2, lease_process = $3, lease_acquired_at = now.ms, lease_expires_at = now.ms + $4 \
              FROM now, picked WHERE tasks.id = picked.id \
              RETURNING tasks.id, tasks.batch_id, tasks.tries, tasks.lease_token, tasks.lease_holder, tasks.lease_process, tasks.lease_acquired_at, tasks.lease_expires_at, picked.took_over"
         );
-        let row = sqlx::query(AssertSqlSafe(sql))
+        let query = sqlx::query(AssertSqlSafe(sql))
             .bind(&claim.token)
             .bind(&claim.holder)
             .bind(&claim.process)
-            .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
-            .bind(batch)
-            .fetch_optional(&self.pool)
-            .await?;
+            .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64);
+        let query = match batch {
+            Some(batch) => query.bind(batch),
+            None => query,
+        };
+        let row = query.fetch_optional(&self.pool).await?;
         row.map(|row| {
             let lease = crate::rows::lease_from_row(&row)?.ok_or_else(|| StoreError::Decode {
                 what: "claimed task".into(),
