@@ -160,10 +160,6 @@ fn open(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
     // (dropping its pages from the page cache) cost more than the group's own writes. A
     // group's savepoint journal is small; memory holds it.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
-    // The pages a group touches (the tasks' rows, the ends of the journal's and events'
-    // indexes) stay in the writer's cache instead of being read back from the file; SQLite's
-    // default keeps 2 MiB.
-    conn.pragma_update(None, "cache_size", -32_768)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
