@@ -229,11 +229,15 @@ fn run(
         let results = commit_group(&conn, &writes, location);
         if let Some(checkpointer) = checkpointer {
             checkpointer.nudge();
-            checkpointer.restart_if_due(&conn, BUSY_TIMEOUT);
         }
         for ((_, reply), result) in group.drain(..).zip(results) {
             // A caller that stopped waiting no longer needs its answer.
             let _ = reply.send(result);
+        }
+        // After the answers: the group is committed, and its callers need not wait for the
+        // log to start over.
+        if let Some(checkpointer) = checkpointer {
+            checkpointer.restart_if_due(&conn, BUSY_TIMEOUT);
         }
     }
 }
