@@ -76,6 +76,8 @@ enum Command {
     Worker(commands::worker::WorkerArgs),
     /// Serve the HTTP API (tasks, state, journal) with embedded workers.
     Serve(commands::serve::ServeArgs),
+    /// The web viewer over this database, on 127.0.0.1 (serve's API and the page at /).
+    View(commands::view::ViewArgs),
     /// API keys of the service, per tenant: create, list, revoke.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
@@ -172,6 +174,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => {
                 commands::serve::run(&cli.db, cli.config.as_deref(), args).await
             }
+            Command::View(args) => commands::view::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Keys(command) => {
                 commands::keys::run(&cli.db, cli.config.as_deref(), command).await
             }

@@ -4,8 +4,8 @@
 //! span per request, panics caught as 500s, the request timeout (503), and the body size
 //! limit (413). The JSON depth limit is applied where bodies are parsed ([`crate::json`]).
 //! Outside them all, every request is counted and timed by its route template
-//! ([`crate::metrics`]). /healthz, /readyz, /metrics and /openapi.json are open; everything under
-//! /v1 needs an API key
+//! ([`crate::metrics`]). /healthz, /readyz, /metrics, /openapi.json and the web viewer's assets
+//! ([`crate::viewer`]) are open; everything under /v1 needs an API key
 //! ([`crate::auth`]). The request timeout bounds a response's head only, so event streams
 //! ([`crate::routes::events`]) stay open; [`serve`] tells them when the shutdown starts.
 
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware::{from_fn, from_fn_with_state};
@@ -83,6 +84,8 @@ pub struct AppState {
     pub(crate) openapi: Arc<str>,
     /// Set when the server's shutdown starts; event streams end on it.
     pub(crate) shutdown: ShutdownNotice,
+    /// A bench's results.json, served read-only to the web viewer ([`crate::viewer`]).
+    pub(crate) bench: Option<Bytes>,
 }
 
 /// Tells long-lived responses (event streams) that the server is shutting down, so the
@@ -121,7 +124,15 @@ impl AppState {
             config: Arc::new(config),
             openapi: Arc::from(crate::openapi::document_json()),
             shutdown: ShutdownNotice::new(),
+            bench: None,
         }
+    }
+
+    /// Serves `results` (a bench's results.json) read-only at `/viewer/bench.json`, for the
+    /// web viewer's bench page.
+    pub fn with_bench_results(mut self, results: Vec<u8>) -> Self {
+        self.bench = Some(Bytes::from(results));
+        self
     }
 
     /// Ends the event streams of this state's routers (each sends a final `shutdown` event),
@@ -176,6 +187,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(crate::metrics::metrics))
         .route("/openapi.json", get(ops::openapi))
+        .merge(crate::viewer::routes())
         .merge(v1)
         .with_state(state)
         .layer(DefaultBodyLimit::disable())

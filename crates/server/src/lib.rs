@@ -14,8 +14,8 @@
 //! Modules, one concept each: `problem` (errors → problem details), `json` (reading bodies
 //! under the limits), `auth` (keys and tenants), `factory` (create requests → tasks), `views`
 //! (what responses look like), `routes` (the handlers), `openapi` (the document), `metrics`
-//! (Prometheus: the recorder, request counting, `/metrics`), `app` (the router, its layers,
-//! serving).
+//! (Prometheus: the recorder, request counting, `/metrics`), `viewer` (the web viewer's
+//! embedded page at `/`), `app` (the router, its layers, serving).
 
 mod app;
 mod auth;
@@ -25,6 +25,7 @@ pub mod metrics;
 mod openapi;
 mod problem;
 pub mod routes;
+mod viewer;
 mod views;
 
 pub use app::{
@@ -40,4 +41,5 @@ pub use json::{nesting_exceeds, parse_body};
 pub use metrics::{metrics_router, serve_metrics};
 pub use openapi::{ApiDoc, document, document_json};
 pub use problem::{ApiError, FieldError, PROBLEM_JSON, Problem};
+pub use viewer::CONTENT_SECURITY_POLICY;
 pub use views::*;

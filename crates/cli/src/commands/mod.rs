@@ -9,6 +9,7 @@ pub mod show;
 pub mod tasks;
 pub mod tools;
 pub mod validate;
+pub mod view;
 pub mod worker;
 
 use std::path::Path;

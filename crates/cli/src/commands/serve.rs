@@ -30,15 +30,15 @@ use crate::toolbox;
 pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The directory whose skills create requests name (`"skill": "warehouse"` is
     /// `<skills>/warehouse`).
     #[arg(long, default_value = "skills")]
-    skills: PathBuf,
+    pub(crate) skills: PathBuf,
     /// Tasks the embedded worker runs at once; 0 serves the API only (run `skillstate worker`
     /// against the same database elsewhere).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=4096))]
-    workers: u16,
+    pub(crate) workers: u16,
 }
 
 /// Builds tasks for create requests from the skills directory, as `batch submit` builds them
@@ -135,6 +135,17 @@ impl TaskFactory for SkillsFactory {
 }
 
 pub async fn run(db: &str, config_path: Option<&Path>, args: ServeArgs) -> Result<ExitCode> {
+    run_with(db, config_path, args, None).await
+}
+
+/// Serves as `run` does; `bench` (a bench's results.json) is shown by the web viewer
+/// (`skillstate view --bench`).
+pub(crate) async fn run_with(
+    db: &str,
+    config_path: Option<&Path>,
+    args: ServeArgs,
+    bench: Option<Vec<u8>>,
+) -> Result<ExitCode> {
     let config = load_config(config_path)?;
     let store = open_store(db, &config).await?;
     let skills = args
@@ -145,7 +156,10 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ServeArgs) -> Resul
         skills: skills.clone(),
         config: config.clone(),
     });
-    let state = AppState::with_config(store.clone(), factory, ServerConfig::default());
+    let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default());
+    if let Some(results) = bench {
+        state = state.with_bench_results(results);
+    }
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.addr))?;
@@ -167,6 +181,9 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ServeArgs) -> Resul
         "serving http://{address} (skills from {}, database {db}, {} worker slots); Ctrl-C or SIGTERM stops",
         skills.display(),
         args.workers
+    );
+    errln!(
+        "web viewer: http://{address}/ (it asks for an API key: skillstate keys create --tenant <name>)"
     );
     let shutdown = async move {
         while *stop.borrow() == StopLevel::Run {

@@ -1,0 +1,967 @@
+// The skillstate web viewer. Talks to the /v1 API only, with the API key kept in
+// sessionStorage. Every value from the server is shown with textContent (model output is
+// untrusted); nothing is ever inserted as markup.
+'use strict';
+
+const KEY_STORE = 'skillstate.key';
+const STEP_PAGE = 100;
+const CHART_PAGE = 1000;
+const CHART_AUTO_STEPS = 2000;
+const STATUSES = ['running', 'completed', 'failed', 'awaiting_input', 'awaiting_approval'];
+
+// ---------------------------------------------------------------- DOM helpers
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  setAttrs(node, attrs);
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  setAttrs(node, attrs);
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function setAttrs(node, attrs) {
+  if (!attrs) return;
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === 'onclick' || name === 'onchange' || name === 'oninput' || name === 'onsubmit') {
+      node.addEventListener(name.slice(2), value);
+    } else if (name === 'dataset') {
+      Object.assign(node.dataset, value);
+    } else {
+      node.setAttribute(name, value === true ? '' : String(value));
+    }
+  }
+}
+
+function toast(message, isError) {
+  const box = document.getElementById('toast');
+  const line = el('div', { class: isError ? 'error' : null }, message);
+  box.append(line);
+  setTimeout(() => line.remove(), isError ? 9000 : 4000);
+}
+
+function badge(status) {
+  return el('span', { class: 'badge ' + (status || 'unknown') }, status || 'unreadable');
+}
+
+function compactJson(value, max) {
+  let text = JSON.stringify(value);
+  if (text === undefined) text = String(value);
+  if (max && text.length > max) text = text.slice(0, max - 1) + '…';
+  return text;
+}
+
+function debounce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    if (signal) signal.addEventListener('abort', () => { clearTimeout(timer); resolve(); }, { once: true });
+  });
+}
+
+// ---------------------------------------------------------------- the API
+
+class NeedKey extends Error {}
+
+function apiKey() {
+  return sessionStorage.getItem(KEY_STORE);
+}
+
+function authHeaders() {
+  const key = apiKey();
+  return key ? { Authorization: 'Bearer ' + key } : {};
+}
+
+async function api(path, options) {
+  if (!apiKey()) throw new NeedKey('no key');
+  const init = Object.assign({ cache: 'no-store' }, options || {});
+  init.headers = Object.assign(authHeaders(), init.headers || {});
+  if (init.json !== undefined) {
+    init.method = init.method || 'POST';
+    init.headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(init.json);
+    delete init.json;
+  }
+  const response = await fetch(path, init);
+  if (response.status === 401) {
+    sessionStorage.removeItem(KEY_STORE);
+    throw new NeedKey('the key was refused');
+  }
+  const text = await response.text();
+  let body = null;
+  if (text) {
+    try { body = JSON.parse(text); } catch (e) { body = text; }
+  }
+  if (!response.ok) {
+    const detail = body && typeof body === 'object' && body.detail ? body.detail : text;
+    const error = new Error(response.status + ': ' + detail);
+    error.status = response.status;
+    error.problem = body;
+    throw error;
+  }
+  return body;
+}
+
+const enc = encodeURIComponent;
+
+// Follows a Server-Sent Events stream with fetch() (EventSource cannot send the key), resuming
+// with Last-Event-ID after a drop. The last id is kept for the browser session, so a page
+// opened again resumes instead of reading the stream from its first event.
+async function followEvents(path, onEvent, signal) {
+  const memory = 'skillstate.events:' + path;
+  let last = sessionStorage.getItem(memory);
+  let delay = 1000;
+  while (!signal.aborted) {
+    try {
+      const headers = authHeaders();
+      headers.Accept = 'text/event-stream';
+      if (last) headers['Last-Event-ID'] = last;
+      const response = await fetch(path, { headers, signal, cache: 'no-store' });
+      if (response.status === 401) { sessionStorage.removeItem(KEY_STORE); route(); return; }
+      if (response.status === 400 && last) { last = null; sessionStorage.removeItem(memory); continue; }
+      if (response.status === 404) return;
+      if (!response.ok || !response.body) throw new Error('events: ' + response.status);
+      setLive('live');
+      delay = 1000;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = '';
+      let event = { id: null, name: 'message', data: [] };
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf('\n')) >= 0) {
+          let line = buffer.slice(0, end);
+          buffer = buffer.slice(end + 1);
+          if (line.endsWith('\r')) line = line.slice(0, -1);
+          if (line === '') {
+            if (event.data.length) {
+              if (event.id) { last = event.id; sessionStorage.setItem(memory, last); }
+              let data = null;
+              try { data = JSON.parse(event.data.join('\n')); } catch (e) { data = null; }
+              try { onEvent(event.name, data); } catch (e) { console.error(e); }
+            }
+            event = { id: null, name: 'message', data: [] };
+            continue;
+          }
+          if (line.startsWith(':')) continue;
+          const colon = line.indexOf(':');
+          const field = colon < 0 ? line : line.slice(0, colon);
+          let text = colon < 0 ? '' : line.slice(colon + 1);
+          if (text.startsWith(' ')) text = text.slice(1);
+          if (field === 'id') event.id = text;
+          else if (field === 'event') event.name = text;
+          else if (field === 'data') event.data.push(text);
+        }
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+    }
+    setLive('reconnecting…');
+    await sleep(delay, signal);
+    delay = Math.min(delay * 2, 15000);
+  }
+}
+
+function setLive(text) {
+  document.getElementById('live').textContent = text || '';
+}
+
+// ---------------------------------------------------------------- routing
+
+let pageAbort = new AbortController();
+
+function parseHash() {
+  const hash = location.hash.replace(/^#/, '') || '/';
+  const [path, query] = hash.split('?');
+  return { path, params: new URLSearchParams(query || '') };
+}
+
+function go(path, params) {
+  const query = params && params.toString();
+  location.hash = '#' + path + (query ? '?' + query : '');
+}
+
+async function route() {
+  pageAbort.abort();
+  pageAbort = new AbortController();
+  setLive('');
+  const main = document.getElementById('main');
+  main.replaceChildren();
+  document.getElementById('toast').replaceChildren();
+  document.getElementById('forget-key').hidden = !apiKey();
+  const { path, params } = parseHash();
+  try {
+    if (path === '/bench') {
+      await benchPage(main, pageAbort.signal);
+      return;
+    }
+    if (!apiKey()) throw new NeedKey('');
+    const task = path.match(/^\/tasks\/([^/]+)$/);
+    if (task) await taskPage(main, decodeURIComponent(task[1]), params, pageAbort.signal);
+    else await listPage(main, params, pageAbort.signal);
+  } catch (error) {
+    if (error instanceof NeedKey) keyForm(main, error.message);
+    else if (!pageAbort.signal.aborted) main.append(el('p', { class: 'error', role: 'alert' }, String(error.message || error)));
+  }
+}
+
+function keyForm(main, why) {
+  main.replaceChildren();
+  const input = el('input', { type: 'password', id: 'key-input', autocomplete: 'off', 'aria-describedby': 'key-help' });
+  const form = el('form', {
+    class: 'key-form',
+    onsubmit: (event) => {
+      event.preventDefault();
+      const key = input.value.trim();
+      if (!key) return;
+      sessionStorage.setItem(KEY_STORE, key);
+      route();
+    },
+  },
+  el('h1', null, 'API key'),
+  why ? el('p', { role: 'alert' }, why) : null,
+  el('p', { id: 'key-help', class: 'muted' }, 'The viewer reads tasks through the /v1 API with a key of your tenant (skillstate keys create --tenant <name>). It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer.'),
+  el('label', { class: 'field', for: 'key-input' }, 'Key'), input,
+  el('p', null, el('button', { type: 'submit', class: 'primary', id: 'key-save' }, 'Use this key')));
+  main.append(form);
+  input.focus();
+}
+
+// ---------------------------------------------------------------- task list
+
+async function listPage(main, params, signal) {
+  const status = params.get('status') || '';
+  const skill = params.get('skill') || '';
+  const label = params.get('label') || '';
+  const cursor = params.get('cursor') || '';
+  const statusSelect = el('select', { id: 'filter-status' },
+    el('option', { value: '' }, 'any'),
+    STATUSES.map((s) => el('option', { value: s, selected: s === status }, s)));
+  const skillInput = el('input', { type: 'text', id: 'filter-skill', value: skill, placeholder: 'warehouse' });
+  const labelInput = el('input', { type: 'text', id: 'filter-label', value: label, placeholder: 'name:value' });
+  const searchInput = el('input', { type: 'text', id: 'search-id', placeholder: 'task id' });
+  main.append(el('h1', null, 'Tasks'));
+  main.append(el('form', {
+    class: 'filters',
+    onsubmit: (event) => {
+      event.preventDefault();
+      const next = new URLSearchParams();
+      if (statusSelect.value) next.set('status', statusSelect.value);
+      if (skillInput.value.trim()) next.set('skill', skillInput.value.trim());
+      if (labelInput.value.trim()) next.set('label', labelInput.value.trim());
+      go('/', next);
+    },
+  },
+  el('label', { class: 'field' }, 'Status', statusSelect),
+  el('label', { class: 'field' }, 'Skill', skillInput),
+  el('label', { class: 'field' }, 'Label', labelInput),
+  el('button', { type: 'submit', id: 'filter-apply' }, 'Filter')));
+  main.append(el('form', {
+    class: 'filters',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      const id = searchInput.value.trim();
+      if (!id) return;
+      try {
+        const task = await api('/v1/tasks/' + enc(id));
+        go('/tasks/' + enc(task.id));
+      } catch (error) {
+        if (error instanceof NeedKey) route(); else toast('No task ' + id + ': ' + error.message, true);
+      }
+    },
+  }, el('label', { class: 'field' }, 'Open a task by id', searchInput), el('button', { type: 'submit', id: 'search-open' }, 'Open')));
+
+  const tbody = el('tbody');
+  const table = el('table', { id: 'task-table' },
+    el('thead', null, el('tr', null,
+      el('th', null, 'Task'), el('th', null, 'Status'), el('th', null, 'Skill'), el('th', null, 'Model'),
+      el('th', { class: 'num' }, 'Steps'), el('th', null, 'Labels'), el('th', null, 'Updated'))),
+    tbody);
+  const pager = el('div', { class: 'pager' });
+  main.append(table, pager);
+
+  const load = async () => {
+    const query = new URLSearchParams({ limit: '50' });
+    if (status) query.set('status', status);
+    if (skill) query.set('skill', skill);
+    if (label) query.set('label', label);
+    if (cursor) query.set('cursor', cursor);
+    const page = await api('/v1/tasks?' + query);
+    if (signal.aborted) return;
+    tbody.replaceChildren(...page.tasks.map((task) => el('tr', { dataset: { task: task.id } },
+      el('td', { class: 'mono' }, el('a', { href: '#/tasks/' + enc(task.id), class: 'task-link' }, task.id)),
+      el('td', null, badge(task.status), task.problem ? el('span', { class: 'muted' }, ' ' + task.problem) : null),
+      el('td', null, task.skill), el('td', null, task.model),
+      el('td', { class: 'num' }, String(task.version)),
+      el('td', { class: 'mono' }, Object.entries(task.labels || {}).map(([k, v]) => k + ':' + v).join(' ')),
+      el('td', null, task.updated_at))));
+    if (!page.tasks.length) tbody.append(el('tr', null, el('td', { colspan: 7, class: 'muted' }, 'No tasks.')));
+    pager.replaceChildren(
+      cursor ? el('button', { type: 'button', onclick: () => history.back() }, '← Previous page') : null,
+      page.next_cursor ? el('button', {
+        type: 'button', id: 'next-page', onclick: () => {
+          const next = new URLSearchParams(params); next.set('cursor', page.next_cursor); go('/', next);
+        },
+      }, 'Next page →') : null);
+  };
+  await load();
+  const refresh = debounce(() => load().catch((e) => { if (e instanceof NeedKey) route(); }), 400);
+  followEvents('/v1/events', () => refresh(), signal);
+}
+
+// ---------------------------------------------------------------- task page
+
+async function taskPage(main, id, params, signal) {
+  let task = await api('/v1/tasks/' + enc(id));
+  id = task.id;
+  const base = '/v1/tasks/' + enc(id);
+  const head = el('div');
+  const pause = el('div');
+  const messages = el('ul', { id: 'messages' });
+  main.append(el('p', null, el('a', { href: '#/' }, '← Tasks')), head, pause);
+
+  // State viewer.
+  const slider = el('input', { type: 'range', id: 'state-slider', min: '0', max: String(task.version), value: String(task.version), 'aria-label': 'State at step' });
+  const stepNumber = el('input', { type: 'number', id: 'state-step-input', min: '0', max: String(task.version), value: String(task.version), 'aria-label': 'Step', style: null });
+  const stateLabel = el('span', { id: 'state-step' });
+  const stateTree = el('div', { class: 'json', id: 'state-tree' });
+  const stateRaw = el('pre', { id: 'state-raw' });
+  const stateBox = el('section', { 'aria-labelledby': 'state-heading' },
+    el('h2', { id: 'state-heading' }, 'State'),
+    el('div', { class: 'slider' }, el('span', { class: 'muted' }, 'step'), slider, stepNumber, stateLabel),
+    stateTree,
+    el('details', { id: 'state-raw-box' }, el('summary', null, 'Raw JSON'), stateRaw));
+  let stateRequest = 0;
+  const showState = async (step) => {
+    const ticket = ++stateRequest;
+    stateLabel.textContent = 'loading step ' + step + '…';
+    try {
+      const value = await api(base + '/steps/' + step + '/state');
+      if (ticket !== stateRequest) return;
+      stateTree.replaceChildren(jsonTree(value, null, 0));
+      stateRaw.textContent = JSON.stringify(value, null, 2);
+      stateLabel.textContent = 'after step ' + step + (step === 0 ? ' (initial state)' : '');
+      stateBox.dataset.step = String(step);
+    } catch (error) {
+      if (ticket !== stateRequest) return;
+      stateLabel.textContent = 'step ' + step + ': ' + error.message;
+    }
+  };
+  const setStep = debounce((step) => { slider.value = String(step); stepNumber.value = String(step); showState(step); }, 120);
+  slider.addEventListener('input', () => setStep(Number(slider.value)));
+  stepNumber.addEventListener('change', () => {
+    const step = Math.max(0, Math.min(Number(slider.max), Math.floor(Number(stepNumber.value) || 0)));
+    setStep(step);
+  });
+
+  // Timeline.
+  const timelineBody = el('tbody');
+  const pager = el('div', { class: 'pager' });
+  const cursors = [];
+  let currentCursor = null;
+  let lastPage = false;
+  const timeline = el('section', { 'aria-labelledby': 'timeline-heading' },
+    el('h2', { id: 'timeline-heading' }, 'Timeline'),
+    el('form', {
+      class: 'row',
+      onsubmit: (event) => {
+        event.preventDefault();
+        const n = Math.floor(Number(event.target.elements.step.value));
+        if (n >= 1) openStepAlone(n);
+      },
+    }, el('label', { class: 'field' }, 'Go to step', el('input', { type: 'number', name: 'step', id: 'goto-step', min: '1' })), el('button', { type: 'submit' }, 'Open')),
+    el('div', { id: 'step-alone' }),
+    el('table', { id: 'timeline' },
+      el('thead', null, el('tr', null,
+        el('th', null, ''), el('th', { class: 'num' }, 'Step'), el('th', null, 'Verdict'), el('th', null, 'Action'),
+        el('th', { class: 'num' }, 'Prompt tokens'), el('th', { class: 'num' }, 'Output tokens'),
+        el('th', { class: 'num' }, 'Latency'), el('th', null, 'Author'), el('th', null, 'Time'))),
+      timelineBody),
+    pager);
+  const loadSteps = async (cursor) => {
+    const query = new URLSearchParams({ limit: String(STEP_PAGE) });
+    if (cursor) query.set('cursor', cursor);
+    const page = await api(base + '/steps?' + query);
+    if (signal.aborted) return;
+    const open = new Set([...timelineBody.querySelectorAll('tr.detail')].map((row) => row.dataset.step));
+    timelineBody.replaceChildren();
+    for (const step of page.steps) {
+      const row = stepRow(step);
+      timelineBody.append(row);
+      if (open.has(String(step.step))) toggleStep(row, step.step);
+    }
+    if (!page.steps.length) timelineBody.append(el('tr', null, el('td', { colspan: 9, class: 'muted' }, 'No steps yet.')));
+    currentCursor = cursor;
+    lastPage = !page.next_cursor;
+    pager.replaceChildren(
+      cursors.length ? el('button', { type: 'button', id: 'steps-prev', onclick: () => loadSteps(cursors.pop()) }, '← Previous steps') : null,
+      el('span', { class: 'muted' }, page.steps.length ? 'steps ' + page.steps[0].step + '–' + page.steps[page.steps.length - 1].step + ' of ' + task.version : ''),
+      page.next_cursor ? el('button', { type: 'button', id: 'steps-next', onclick: () => { cursors.push(currentCursor); loadSteps(page.next_cursor); } }, 'Next steps →') : null);
+  };
+  const stepRow = (step) => {
+    const toggle = el('button', { type: 'button', class: 'step-toggle', 'aria-expanded': 'false', 'aria-label': 'Details of step ' + step.step }, '▸');
+    const row = el('tr', { class: 'step ' + step.verdict, dataset: { step: String(step.step) } },
+      el('td', null, toggle),
+      el('td', { class: 'num' }, String(step.step)),
+      el('td', null, step.verdict + (step.answers > 1 ? ' (' + step.answers + ' answers)' : '')),
+      el('td', { class: 'mono' }, step.action ? actionText(step.action, 120) : ''),
+      el('td', { class: 'num' }, String(step.prompt_tokens)),
+      el('td', { class: 'num' }, step.output_tokens === null ? '' : String(step.output_tokens)),
+      el('td', { class: 'num' }, step.latency_ms + ' ms'),
+      el('td', { class: 'mono' }, step.author || 'model'),
+      el('td', { title: step.created_at }, String(step.created_at).slice(11, 19)));
+    toggle.addEventListener('click', () => toggleStep(row, step.step));
+    return row;
+  };
+  const toggleStep = (row, step) => {
+    const next = row.nextElementSibling;
+    const toggle = row.querySelector('.step-toggle');
+    if (next && next.classList.contains('detail')) {
+      next.remove();
+      toggle.setAttribute('aria-expanded', 'false');
+      toggle.textContent = '▸';
+      return;
+    }
+    const cell = el('td', { colspan: 9 }, el('span', { class: 'muted' }, 'loading…'));
+    row.after(el('tr', { class: 'detail', dataset: { step: String(step) } }, cell));
+    toggle.setAttribute('aria-expanded', 'true');
+    toggle.textContent = '▾';
+    stepDetail(base, step, (n) => { slider.value = String(n); setStep(n); stateBox.scrollIntoView(); })
+      .then((content) => cell.replaceChildren(content))
+      .catch((error) => cell.replaceChildren(el('span', { role: 'alert' }, error.message)));
+  };
+  const openStepAlone = (step) => {
+    const box = document.getElementById('step-alone');
+    box.replaceChildren(el('h3', null, 'Step ' + step), el('span', { class: 'muted' }, 'loading…'));
+    stepDetail(base, step, (n) => { slider.value = String(n); setStep(n); })
+      .then((content) => box.replaceChildren(el('h3', null, 'Step ' + step, ' ', el('button', { type: 'button', onclick: () => box.replaceChildren() }, 'Close')), el('div', { class: 'panel' }, content)))
+      .catch((error) => box.replaceChildren(el('p', { role: 'alert' }, 'Step ' + step + ': ' + error.message)));
+  };
+
+  // Chart.
+  const chartBox = el('div', { class: 'chart', id: 'task-chart' });
+  const chart = el('section', { 'aria-labelledby': 'chart-heading' }, el('h2', { id: 'chart-heading' }, 'Prompt tokens per step'), chartBox);
+  let chartLoaded = false;
+  const loadChart = async () => {
+    chartLoaded = true;
+    const points = [];
+    let cursor = null;
+    chartBox.replaceChildren(el('span', { class: 'muted' }, 'loading…'));
+    do {
+      const query = new URLSearchParams({ limit: String(CHART_PAGE) });
+      if (cursor) query.set('cursor', cursor);
+      const page = await api(base + '/steps?' + query);
+      if (signal.aborted) return;
+      for (const step of page.steps) points.push([step.step, step.prompt_tokens]);
+      cursor = page.next_cursor;
+      if (cursor) chartBox.replaceChildren(el('span', { class: 'muted' }, 'loading… ' + points.length + ' steps'));
+    } while (cursor);
+    chartBox.replaceChildren(lineChart([{ name: 'prompt tokens', points }], { x: 'step', y: 'prompt tokens (o200k_base)', id: 'task-chart-svg', width: 560, height: 300 }));
+  };
+  const chartOffer = () => {
+    if (task.version <= CHART_AUTO_STEPS) return loadChart();
+    chartBox.replaceChildren(el('button', { type: 'button', id: 'chart-load', onclick: () => loadChart() }, 'Draw the chart (reads the summaries of all ' + task.version + ' steps)'));
+    return null;
+  };
+
+  const renderHead = () => {
+    head.replaceChildren(
+      el('h1', null, 'Task ', el('span', { class: 'mono', id: 'task-id' }, task.id), ' ', el('span', { id: 'task-status' }, badge(task.status))),
+      el('dl', { class: 'meta' },
+        el('dt', null, 'skill'), el('dd', null, task.skill),
+        el('dt', null, 'model'), el('dd', null, task.model),
+        el('dt', null, 'context'), el('dd', null, task.context),
+        el('dt', null, 'steps'), el('dd', { id: 'task-steps' }, String(task.version)),
+        el('dt', null, 'labels'), el('dd', { class: 'mono' }, Object.entries(task.labels || {}).map(([k, v]) => k + ':' + v).join(' ') || '—'),
+        el('dt', null, 'created'), el('dd', null, task.created_at),
+        el('dt', null, 'updated'), el('dd', null, task.updated_at),
+        task.parent ? [el('dt', { class: 'first' }, 'forked from'), el('dd', { class: 'wide' }, el('a', { href: '#/tasks/' + enc(task.parent.task) }, task.parent.task), ' at step ' + task.parent.step)] : null,
+        task.outcome ? [el('dt', { class: 'first' }, 'outcome'), el('dd', { class: 'wide mono', id: 'task-outcome' }, compactJson(task.outcome, 600))] : null));
+    renderPause();
+  };
+
+  const send = async (path, body, what) => {
+    try {
+      await api(base + '/' + path, { json: body });
+      toast(what + ' sent; a worker delivers it at the task\'s next step.');
+      live();
+      loadMessages();
+      return true;
+    } catch (error) {
+      if (error instanceof NeedKey) route(); else toast(what + ': ' + error.message, true);
+      return false;
+    }
+  };
+  // The decision asked for (re-drawn when the status changes), then the messages (drawn once,
+  // so a live update never clears what is being typed).
+  const decision = el('div', { class: 'panel pause', id: 'decision', hidden: true });
+  const message = el('textarea', { id: 'message-text', 'aria-label': 'Message to the task' });
+  pause.append(decision);
+  const talk = el('section', { id: 'talk', 'aria-labelledby': 'messages-heading' },
+    el('h2', { id: 'messages-heading' }, 'Messages'), messages, message,
+    el('div', { class: 'row' }, el('button', {
+      type: 'button', id: 'send-message', onclick: async () => {
+        if (!message.value.trim()) return;
+        if (await send('messages', { text: message.value }, 'Message')) message.value = '';
+      },
+    }, 'Send message')));
+  let decisionFor = null;
+  const renderPause = () => {
+    if (decisionFor === task.status) return;
+    decisionFor = task.status;
+    const parts = [];
+    if (task.status === 'awaiting_approval') {
+      const reason = el('input', { type: 'text', id: 'reject-reason', placeholder: 'why (shown to the model)' });
+      parts.push(el('h2', null, 'Waiting for approval'),
+        el('div', { class: 'row' },
+          el('button', { type: 'button', class: 'primary', id: 'approve', onclick: () => send('approve', {}, 'Approval') }, 'Approve'),
+          el('label', { class: 'field' }, 'Reason', reason),
+          el('button', { type: 'button', class: 'danger', id: 'reject', onclick: () => send('reject', { reason: reason.value }, 'Rejection') }, 'Reject')));
+    }
+    if (task.status === 'awaiting_input') {
+      const reply = el('textarea', { id: 'reply-text', 'aria-label': 'Reply' });
+      parts.push(el('h2', null, 'Waiting for a reply'), reply,
+        el('div', { class: 'row' }, el('button', { type: 'button', class: 'primary', id: 'reply', onclick: () => { if (reply.value.trim()) send('reply', { text: reply.value }, 'Reply'); } }, 'Reply')));
+    }
+    decision.replaceChildren(...parts);
+    decision.hidden = parts.length === 0;
+  };
+
+  const loadMessages = async () => {
+    const list = await api(base + '/messages');
+    if (signal.aborted) return;
+    messages.replaceChildren(...list.messages.map((m) => el('li', { dataset: { kind: m.kind } },
+      el('strong', null, m.kind), ' ', m.text ? '“' + m.text + '” ' : '',
+      el('span', { class: 'muted' }, 'by ' + m.author + ', ' + m.created_at + ', ' + (m.delivered_step === null ? 'waiting for a worker' : 'delivered at step ' + m.delivered_step)))));
+    if (!list.messages.length) messages.append(el('li', { class: 'muted' }, 'none'));
+  };
+
+  const refreshTask = debounce(async () => {
+    try {
+      const previous = task;
+      task = await api(base);
+      if (signal.aborted) return;
+      if (previous.status !== task.status || previous.version !== task.version || previous.updated_at !== task.updated_at) {
+        const atEnd = Number(slider.value) === Number(slider.max);
+        slider.max = String(task.version);
+        stepNumber.max = String(task.version);
+        if (atEnd && previous.version !== task.version) setStep(task.version);
+        renderHead();
+        loadMessages();
+        if (lastPage) loadSteps(currentCursor);
+        if (chartLoaded && task.version <= CHART_AUTO_STEPS) loadChart();
+      }
+    } catch (error) {
+      if (error instanceof NeedKey) route();
+    }
+  }, 250);
+
+  let following = false;
+  const live = () => {
+    if (following || signal.aborted) return;
+    following = true;
+    followEvents(base + '/events', () => refreshTask(), signal);
+  };
+
+  renderHead();
+  main.append(el('div', { class: 'columns' }, el('div', null, timeline), el('div', { class: 'side' }, stateBox, chart, talk)));
+  await Promise.all([loadSteps(null), loadMessages(), showState(task.version)]);
+  const step = Number(params.get('step'));
+  if (step >= 1) openStepAlone(step);
+  chartOffer();
+  if (task.status !== 'completed' && task.status !== 'failed') live();
+}
+
+function actionText(action, max) {
+  if (!action || typeof action !== 'object') return compactJson(action, max);
+  return (action.tool || '?') + ' ' + compactJson(action.args === undefined ? {} : action.args, max);
+}
+
+// One step in full: observation, answer, action and result, the state diff, rejections, the prompt.
+async function stepDetail(base, step, showStateAt) {
+  const [detail, before, after] = await Promise.all([
+    api(base + '/steps/' + step),
+    api(base + '/steps/' + (step - 1) + '/state').catch(() => undefined),
+    api(base + '/steps/' + step + '/state').catch(() => undefined),
+  ]);
+  const box = el('div', { class: 'step-detail', dataset: { step: String(step) } });
+  const accepted = detail.accepted;
+  if (detail.observation !== null && detail.observation !== undefined) {
+    box.append(el('h3', null, 'Observation'), el('pre', { class: 'observation' }, detail.observation));
+  }
+  if (accepted) {
+    box.append(el('h3', null, 'Answer (accepted, attempt ' + accepted.attempt + ')'), el('pre', { class: 'answer' }, accepted.output));
+    box.append(el('p', { class: 'muted' }, tokenLine(accepted)));
+  }
+  if (detail.intent) {
+    const intent = detail.intent;
+    box.append(el('h3', null, 'Action'),
+      el('pre', { class: 'action' }, intent.tool + ' ' + JSON.stringify(intent.args, null, 2)),
+      el('p', { class: 'muted' }, intent.side_effect + ', ' + (intent.done ? (intent.ok ? 'succeeded' : 'failed') : 'not finished (running or waiting)')));
+    if (intent.result !== null && intent.result !== undefined) box.append(el('h3', null, 'Result'), el('pre', { class: 'result' }, intent.result));
+  }
+  box.append(el('h3', null, 'State change'));
+  if (after !== undefined && before !== undefined) {
+    const changes = diffStates(before, after);
+    box.append(diffList(changes));
+  } else {
+    box.append(el('p', { class: 'muted' }, 'no committed state at this step'));
+  }
+  if (accepted && accepted.patch !== null && accepted.patch !== undefined) {
+    box.append(el('details', null, el('summary', null, 'Patch as written'), el('pre', { class: 'patch' }, JSON.stringify(accepted.patch, null, 2))));
+  }
+  if (detail.rejected.length) {
+    box.append(el('h3', null, 'Rejected answers'));
+    for (const answer of detail.rejected) {
+      const errors = Array.isArray(answer.errors) ? answer.errors : [];
+      box.append(el('div', { class: 'panel rejected-answer' },
+        el('strong', null, 'attempt ' + answer.attempt), ' ', el('span', { class: 'muted' }, tokenLine(answer)),
+        el('ul', { class: 'errors' }, errors.map((e) => el('li', null,
+          el('code', null, e.kind || 'error'), ' ',
+          el('code', { class: 'pointer' }, (e.document ? e.document + ' ' : '') + (e.pointer === undefined ? '' : e.pointer || '(root)')),
+          ': ' + (e.message || compactJson(e))))),
+        el('details', null, el('summary', null, 'The answer'), el('pre', null, answer.output))));
+    }
+  }
+  const promptBox = el('div');
+  const showPrompt = async (attempt) => {
+    promptBox.replaceChildren(el('span', { class: 'muted' }, 'rebuilding…'));
+    try {
+      const query = attempt ? '?attempt=' + attempt : '';
+      const prompt = await api(base + '/steps/' + step + '/prompt' + query);
+      promptBox.replaceChildren(
+        el('p', { class: 'muted' }, prompt.tokens + ' tokens, attempt ' + prompt.attempt + ', ' + (prompt.identical ? 'byte-identical to what the model received' : 'NOT identical to what the model received') + (prompt.sha256 ? ', sha256 ' + prompt.sha256 : '')),
+        el('pre', { class: 'prompt' }, prompt.text));
+    } catch (error) {
+      promptBox.replaceChildren(el('span', { role: 'alert' }, error.message));
+    }
+  };
+  box.append(el('div', { class: 'row' },
+    el('button', { type: 'button', class: 'show-prompt', onclick: () => showPrompt(null) }, 'Show the exact prompt'),
+    after !== undefined ? el('button', { type: 'button', class: 'show-state', onclick: () => showStateAt(step) }, 'State after this step') : null),
+  promptBox);
+  return box;
+}
+
+function tokenLine(answer) {
+  const parts = [answer.prompt_tokens + ' prompt tokens (counted)'];
+  if (answer.output_tokens !== null && answer.output_tokens !== undefined) parts.push(answer.output_tokens + ' output tokens');
+  if (answer.usage && typeof answer.usage === 'object') {
+    parts.push('provider: ' + Object.entries(answer.usage).filter(([, v]) => v !== null).map(([k, v]) => k.replace(/_tokens$/, '') + ' ' + v).join(', '));
+  }
+  parts.push(answer.latency_ms + ' ms');
+  if (answer.author) parts.push('by ' + answer.author);
+  return parts.join(' · ');
+}
+
+// ---------------------------------------------------------------- JSON: diff and tree
+
+function isObject(value) {
+  return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+function pointerToken(key) {
+  return String(key).replace(/~/g, '~0').replace(/\//g, '~1');
+}
+
+function sameJson(a, b) {
+  return JSON.stringify(a) === JSON.stringify(b);
+}
+
+// Added / changed / removed values, by JSON pointer, from `before` to `after`.
+function diffStates(before, after, pointer, out) {
+  pointer = pointer || '';
+  out = out || [];
+  if (isObject(before) && isObject(after)) {
+    const keys = [...new Set([...Object.keys(before), ...Object.keys(after)])].sort();
+    for (const key of keys) {
+      const at = pointer + '/' + pointerToken(key);
+      const had = Object.prototype.hasOwnProperty.call(before, key);
+      const has = Object.prototype.hasOwnProperty.call(after, key);
+      if (!had) out.push({ op: 'added', pointer: at, to: after[key] });
+      else if (!has) out.push({ op: 'removed', pointer: at, from: before[key] });
+      else diffStates(before[key], after[key], at, out);
+    }
+  } else if (Array.isArray(before) && Array.isArray(after)) {
+    const length = Math.max(before.length, after.length);
+    for (let i = 0; i < length; i++) {
+      const at = pointer + '/' + i;
+      if (i >= before.length) out.push({ op: 'added', pointer: at, to: after[i] });
+      else if (i >= after.length) out.push({ op: 'removed', pointer: at, from: before[i] });
+      else diffStates(before[i], after[i], at, out);
+    }
+  } else if (!sameJson(before, after)) {
+    out.push({ op: 'changed', pointer, from: before, to: after });
+  }
+  return out;
+}
+
+function diffList(changes) {
+  if (!changes.length) return el('p', { class: 'muted diff-empty' }, 'no change');
+  return el('ul', { class: 'diff' }, changes.map((c) => el('li', { class: c.op, dataset: { pointer: c.pointer } },
+    el('span', { class: 'op' }, c.op === 'added' ? '+ added' : c.op === 'removed' ? '− removed' : '~ changed'),
+    el('span', { class: 'pointer' }, c.pointer || '(root)'), ' ',
+    c.op === 'added' ? compactJson(c.to, 300) : c.op === 'removed' ? compactJson(c.from, 300) : compactJson(c.from, 140) + ' → ' + compactJson(c.to, 140))));
+}
+
+function jsonTree(value, key, depth) {
+  const label = key === null ? [] : [el('span', { class: 'key' }, key), ': '];
+  if (isObject(value) || Array.isArray(value)) {
+    const entries = Array.isArray(value) ? value.map((v, i) => [String(i), v]) : Object.entries(value);
+    const summary = Array.isArray(value) ? '[' + entries.length + ' items]' : '{' + entries.length + ' keys}';
+    const node = el('details', { open: depth < 2 }, el('summary', null, label, el('span', { class: 'muted' }, summary)));
+    // Large collections open lazily, so a big state does not build thousands of nodes at once.
+    const fill = () => {
+      if (node.dataset.filled) return;
+      node.dataset.filled = '1';
+      node.append(...entries.map(([k, v]) => jsonTree(v, k, depth + 1)));
+    };
+    if (depth < 2) fill(); else node.addEventListener('toggle', fill);
+    return node;
+  }
+  let cls = 'lit';
+  if (typeof value === 'string') cls = 'str';
+  else if (typeof value === 'number') cls = 'num';
+  return el('div', { class: 'leaf' }, label, el('span', { class: cls }, JSON.stringify(value)));
+}
+
+// ---------------------------------------------------------------- charts (inline SVG)
+
+function niceStep(range, ticks) {
+  const raw = range / Math.max(1, ticks);
+  const power = Math.pow(10, Math.floor(Math.log10(raw || 1)));
+  const unit = raw / power;
+  return (unit <= 1 ? 1 : unit <= 2 ? 2 : unit <= 5 ? 5 : 10) * power;
+}
+
+// series: [{name, points: [[x, y], ...]}]; one polyline each, with its point count in data-points.
+function lineChart(series, options) {
+  const width = options.width || 860, height = options.height || 380;
+  const left = 70, right = 20, top = 20, bottom = 46;
+  const xs = series.flatMap((s) => s.points.map((p) => p[0]));
+  const ys = series.flatMap((s) => s.points.map((p) => p[1]));
+  const xMin = options.xMin !== undefined ? options.xMin : Math.min(1, ...xs);
+  const xMax = Math.max(options.xMax || 0, xMin + 1, ...xs);
+  const yMax = Math.max(1, ...ys) * 1.05;
+  const px = (x) => left + (x - xMin) / (xMax - xMin) * (width - left - right);
+  const py = (y) => height - bottom - y / yMax * (height - top - bottom);
+  const root = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, width, height, role: 'img', 'aria-label': options.title || options.y, id: options.id || null });
+  if (options.title) root.append(svg('title', null, options.title));
+  const yStep = niceStep(yMax, 6);
+  for (let y = 0; y <= yMax; y += yStep) {
+    root.append(svg('line', { class: 'grid', x1: left, x2: width - right, y1: py(y), y2: py(y) }),
+      svg('text', { x: left - 6, y: py(y) + 4, 'text-anchor': 'end' }, String(Math.round(y))));
+  }
+  const xStep = Math.max(1, niceStep(xMax - xMin, 10));
+  for (let x = Math.ceil(xMin / xStep) * xStep; x <= xMax; x += xStep) {
+    root.append(svg('line', { class: 'grid', x1: px(x), x2: px(x), y1: top, y2: height - bottom }),
+      svg('text', { x: px(x), y: height - bottom + 16, 'text-anchor': 'middle' }, String(x)));
+  }
+  root.append(svg('line', { class: 'axis', x1: left, x2: width - right, y1: height - bottom, y2: height - bottom }),
+    svg('line', { class: 'axis', x1: left, x2: left, y1: top, y2: height - bottom }),
+    svg('text', { x: (left + width - right) / 2, y: height - 8, 'text-anchor': 'middle' }, options.x),
+    svg('text', { x: 14, y: (top + height - bottom) / 2, 'text-anchor': 'middle', transform: 'rotate(-90 14 ' + (top + height - bottom) / 2 + ')' }, options.y));
+  series.forEach((s, i) => {
+    const points = s.points.map((p) => px(p[0]).toFixed(1) + ',' + py(p[1]).toFixed(1)).join(' ');
+    root.append(svg('polyline', { class: 'series c' + (i % 5), points, dataset: null, 'data-name': s.name, 'data-points': String(s.points.length) },
+      svg('title', null, s.name)));
+  });
+  const box = el('div', null, root);
+  if (series.length > 1 || options.legend) {
+    box.prepend(el('div', { class: 'legend' }, series.map((s, i) => el('span', null, el('span', { class: 'swatch c' + (i % 5) }), s.name + (s.note ? ' ' + s.note : '')))));
+  }
+  return box;
+}
+
+// ---------------------------------------------------------------- bench
+
+async function benchPage(main, signal) {
+  main.append(el('h1', null, 'Bench'));
+  const area = el('div', { id: 'bench' });
+  const file = el('input', { type: 'file', id: 'bench-file', accept: '.json,application/json' });
+  file.addEventListener('change', () => {
+    const chosen = file.files && file.files[0];
+    if (!chosen) return;
+    const reader = new FileReader();
+    reader.onload = () => {
+      try { renderBench(area, JSON.parse(String(reader.result)), chosen.name); } catch (error) { area.replaceChildren(el('p', { role: 'alert' }, chosen.name + ': ' + error.message)); }
+    };
+    reader.readAsText(chosen);
+  });
+  main.append(el('p', { class: 'row' }, el('label', { class: 'field' }, 'Open a results.json (skillstate bench writes it to bench-out/)', file)), area);
+  const response = await fetch('/viewer/bench.json', { cache: 'no-store', signal });
+  if (response.ok) {
+    renderBench(area, await response.json(), 'the server’s results.json');
+  } else {
+    area.append(el('p', { class: 'muted' }, 'This server has no bench results (start it with skillstate view --bench <results.json>); open a file above.'));
+  }
+}
+
+// Rust's `{:.N}`: exact decimal value, ties to even (toFixed rounds ties up).
+function fixed(value, digits) {
+  if (!Number.isFinite(value)) return String(value);
+  const exact = Math.abs(value).toFixed(100);
+  const dot = exact.indexOf('.');
+  const rest = exact.slice(dot + 1 + digits);
+  if (/^50*$/.test(rest)) {
+    const kept = exact.slice(0, dot) + exact.slice(dot + 1, dot + 1 + digits);
+    let n = BigInt(kept);
+    if (n % 2n === 1n) n += 1n;
+    let text = n.toString().padStart(digits + 1, '0');
+    if (digits > 0) text = text.slice(0, text.length - digits) + '.' + text.slice(text.length - digits);
+    return (value < 0 && n !== 0n ? '-' : '') + text;
+  }
+  return value.toFixed(digits);
+}
+
+function thousands(value) {
+  const n = Math.sign(value) * Math.round(Math.abs(value));
+  const digits = String(Math.abs(n));
+  let out = '';
+  for (let i = 0; i < digits.length; i++) {
+    if (i > 0 && (digits.length - i) % 3 === 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? '-' + out : out;
+}
+
+function compact(value) {
+  if (value >= 1000000) return fixed(value / 1000000, 2) + 'M';
+  if (value >= 1000) return fixed(value / 1000, 1) + 'k';
+  return fixed(value, 0);
+}
+
+const NO_FIGURE = '—';
+
+function benchCell(g) {
+  const prompt = g.prompt_mean ? thousands(g.prompt_mean.mean) + '±' + thousands(g.prompt_mean.sd) : NO_FIGURE;
+  const total = g.total_tokens ? compact(g.total_tokens.mean) + '±' + compact(g.total_tokens.sd) : NO_FIGURE;
+  let text = fixed(g.score.mean, 2) + '±' + fixed(g.score.sd, 2) + ' / ' + prompt + ' / ' + total;
+  if (g.provider_input_tokens !== undefined && g.provider_input_tokens !== null) {
+    text += ' / provider ' + compact(g.provider_input_tokens) + '+' + compact(g.provider_output_tokens || 0);
+  }
+  if (g.cost_usd !== undefined && g.cost_usd !== null) text += ' / $' + fixed(g.cost_usd, 4);
+  if (g.recovered_runs !== undefined && g.recovered_runs !== null) {
+    const recovery = g.recovery_steps ? fixed(g.recovery_steps.mean, 1) : NO_FIGURE;
+    text += ' / rec ' + recovery + ' (' + g.recovered_runs + '/' + g.seeds + ')';
+  }
+  if (g.completed < g.seeds) text += ' (' + g.completed + '/' + g.seeds + ' ok)';
+  return text;
+}
+
+function compareConditions(a, b) {
+  if (a[0] !== b[0]) return a[0] - b[0];
+  if (a[1] === b[1]) return 0;
+  if (a[1] === null) return -1;
+  if (b[1] === null) return 1;
+  return a[1] < b[1] ? -1 : 1;
+}
+
+function renderBench(area, report, source) {
+  const config = report.config;
+  const groups = report.groups || [];
+  const drift = (value) => (value === undefined ? null : value);
+  const conditions = [];
+  for (const g of groups) {
+    const key = [g.noise, drift(g.drift)];
+    if (!conditions.some((c) => c[0] === key[0] && c[1] === key[1])) conditions.push(key);
+  }
+  conditions.sort(compareConditions);
+  const showNoise = conditions.some((c) => c[0] > 0);
+  const showDrift = conditions.some((c) => c[1] !== null);
+  const header = ['T'].concat(showNoise ? ['noise'] : [], showDrift ? ['drift'] : [], config.strategies);
+  const rows = [];
+  for (const [noise, d] of conditions) {
+    for (const horizon of config.horizons) {
+      const row = [String(horizon)];
+      if (showNoise) row.push(String(noise));
+      if (showDrift) row.push(d === null ? '-' : d);
+      for (const strategy of config.strategies) {
+        const g = groups.find((x) => x.horizon === horizon && x.noise === noise && drift(x.drift) === d && x.strategy === strategy);
+        row.push(g ? benchCell(g) : '-');
+      }
+      rows.push(row);
+    }
+  }
+  const title = config.environment + ': score / avg prompt tokens / total tokens per run, mean ± SD over ' + config.seeds.length + ' seed(s), model ' + config.model + (config.budget !== null && config.budget !== undefined ? ', context budget ' + config.budget : '');
+  const parts = [el('p', { class: 'muted' }, 'From ' + source + '.'), el('h2', { id: 'bench-title' }, title)];
+  parts.push(el('table', { id: 'bench-table' },
+    el('thead', null, el('tr', null, header.map((h) => el('th', null, h)))),
+    el('tbody', null, rows.map((row) => el('tr', null, row.map((c) => el('td', { class: 'mono' }, c)))))));
+  const runs = groups.reduce((n, g) => n + g.seeds, 0);
+  const failed = groups.reduce((n, g) => n + g.seeds - g.completed, 0);
+  if (failed > 0) {
+    parts.push(el('p', { class: 'muted' }, failed + ' of ' + runs + ' runs failed. (k/n ok): k of the cell’s n runs completed; the others failed (results.json gives each run’s status and reason). Scores count every run, a failed run scoring the events it handled before it stopped; token figures average only the runs that committed at least one step (' + NO_FIGURE + ' when none did).'));
+  }
+  const scaling = report.scaling || [];
+  if (scaling.length) {
+    parts.push(el('h2', null, 'Scaling at T=' + scaling[0].horizon + ' (linear fit of prompt tokens per step; total tokens ≈ a·T + b·T² across horizons)'));
+    parts.push(el('table', { id: 'scaling-table' },
+      el('thead', null, el('tr', null, ['strategy', 'intercept', 'slope/step', 'R²', 'growth over run', 'total tokens a', 'b', 'log-log exponent'].map((h) => el('th', null, h)))),
+      el('tbody', null, scaling.map((s) => {
+        const q = s.total_tokens_quadratic;
+        const exponent = s.total_tokens_exponent === null || s.total_tokens_exponent === undefined ? '-' : fixed(s.total_tokens_exponent, 2);
+        return el('tr', null, [s.strategy, fixed(s.prompt_per_step.intercept, 0), fixed(s.prompt_per_step.slope, 2), fixed(s.prompt_per_step.r_squared, 3),
+          fixed(s.prompt_growth * 100, 1) + '%', q ? fixed(q.intercept, 0) : '-', q ? fixed(q.slope, 2) : '-', exponent].map((c) => el('td', { class: 'mono' }, c)));
+      }))));
+  }
+  // The chart of `skillstate bench`'s prompt_tokens.svg: completed runs at the largest horizon,
+  // the first noise level and drift condition, averaged over seeds step by step.
+  const horizon = Math.max(...config.horizons);
+  const noise = config.noise.length ? config.noise[0] : 0;
+  const firstDrift = config.drifts && config.drifts.length ? config.drifts[0] : null;
+  const series = config.strategies.map((strategy) => {
+    const lines = (report.runs || []).filter((r) => r.status === 'completed' && r.horizon === horizon && r.noise === noise && drift(r.drift) === firstDrift && r.strategy === strategy)
+      .map((r) => r.prompt_tokens_per_step);
+    const steps = lines.length ? Math.min(...lines.map((l) => l.length)) : 0;
+    const points = [];
+    for (let i = 0; i < steps; i++) points.push([i + 1, lines.reduce((sum, l) => sum + l[i], 0) / lines.length]);
+    return { name: strategy, note: lines.length ? '' : '(no completed run)', points };
+  });
+  const chartTitle = config.environment + ': prompt tokens per step (T=' + horizon + ', mean over ' + config.seeds.length + ' seed(s), model ' + config.model + ')';
+  parts.push(el('h2', null, chartTitle),
+    el('div', { class: 'chart', id: 'bench-chart' }, lineChart(series, { x: 'step', y: 'prompt tokens (o200k_base)', xMin: 1, xMax: Math.max(horizon, 2), legend: true, title: chartTitle })));
+  area.replaceChildren(...parts);
+}
+
+// ---------------------------------------------------------------- start
+
+window.addEventListener('hashchange', route);
+document.addEventListener('DOMContentLoaded', () => {
+  document.getElementById('forget-key').addEventListener('click', () => {
+    sessionStorage.removeItem(KEY_STORE);
+    route();
+  });
+  document.addEventListener('keydown', (event) => {
+    // "/" jumps to the task search, as in many list views.
+    if (event.key === '/' && !/^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement.tagName)) {
+      const search = document.getElementById('search-id');
+      if (search) { event.preventDefault(); search.focus(); }
+    }
+  });
+  route();
+});

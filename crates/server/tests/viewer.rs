@@ -1,0 +1,553 @@
+//! The web viewer, end to end: a real server on 127.0.0.1 over a SQLite file, real warehouse
+//! runs (the oracle), a real bench report, and a real headless Chromium driven over WebDriver
+//! (Debian's `chromium` and `chromium-driver`; scripts/test installs them). The page is used as
+//! a person would: enter the key, open the list, open a task, move the state slider with the
+//! keyboard, expand a step, approve a paused task and watch it continue, send a message, open
+//! the bench page. What it shows is compared with what the API answers. Screenshots go to
+//! target/viewer-screenshots/.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+mod viewer_webdriver;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use skillstate_core::ContextStrategy;
+use skillstate_server::{ApiError, CONTENT_SECURITY_POLICY, CreateTaskRequest, TaskFactory};
+use skillstate_store::{NewTask, TaskRecord, TaskStatus};
+use skillstate_tools::Environment;
+use support::*;
+use viewer_webdriver::{Browser, Driver, keys};
+
+/// How long any one thing may take to show in the browser.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The shipped warehouse; tasks labelled `gate: approve` need approval for every
+/// environment action.
+struct Selective(EnvFactory);
+
+#[async_trait]
+impl TaskFactory for Selective {
+    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+        let (mut task, state) = self.0.prepare(request).await?;
+        if request.labels.get("gate").map(String::as_str) == Some("approve") {
+            for spec in task.tools.iter_mut().filter(|s| s.source != "runtime") {
+                spec.needs_approval = true;
+            }
+        }
+        Ok((task, state))
+    }
+
+    async fn fork_world(
+        &self,
+        task: &TaskRecord,
+    ) -> Result<Option<Box<dyn Environment>>, ApiError> {
+        self.0.fork_world(task).await
+    }
+}
+
+fn screenshots() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("viewer-screenshots")
+}
+
+async fn create(api: &Socket, key: &str, body: Value) -> String {
+    let created = api.send(Call::post("/v1/tasks", &body).key(key)).await;
+    created.expect(201).json()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn get(api: &Socket, key: &str, path: &str) -> Value {
+    api.send(Call::get(path).key(key)).await.expect(200).json()
+}
+
+/// A small bench of the warehouse (two horizons, two seeds, every strategy), as `skillstate
+/// bench` runs it.
+async fn small_bench() -> skillstate_bench::BenchReport {
+    tokio::task::spawn_blocking(|| {
+        let config = skillstate_bench::BenchConfig {
+            environment: "warehouse".into(),
+            horizons: vec![6, 12],
+            seeds: vec![0, 1],
+            strategies: ContextStrategy::ALL.to_vec(),
+            budget: None,
+            noise: vec![0],
+            drifts: Vec::new(),
+            model: "oracle".into(),
+            price: None,
+            jobs: 2,
+        };
+        skillstate_bench::run_bench(&skills_dir().join("warehouse"), &config, None, &|_, _| {})
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The cells of `skillstate bench`'s terminal table, row by row (header first).
+fn table_cells(report: &skillstate_bench::BenchReport) -> Vec<Vec<String>> {
+    report
+        .table()
+        .lines()
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .filter(|line| !line.starts_with('-'))
+        .map(|line| line.split(" | ").map(|c| c.trim().to_owned()).collect())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_in_a_real_browser() {
+    let started = Instant::now();
+    // The browser first: without Chromium this fails at once, naming the install command.
+    let driver = Driver::start().await.unwrap();
+
+    let db = Db::sqlite().await;
+    let harness = Harness::with_factory(
+        db,
+        Arc::new(Selective(EnvFactory {
+            skills_dir: skills_dir(),
+        })),
+    );
+    let store = harness.store();
+    let (key, _) = harness.key("acme").await;
+    let report = small_bench().await;
+    let results = serde_json::to_vec_pretty(&report).unwrap();
+    let state = harness.state.clone().with_bench_results(results);
+    let api = Socket::start(state).await;
+
+    // A 50-event warehouse run to its end, labelled with markup that must stay text.
+    let run = create(
+        &api,
+        &key,
+        json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 7, "events": 50},
+               "labels": {"run": "demo", "note": "<img src=x id=pwned>"}}),
+    )
+    .await;
+    run_to_end(store.clone(), &run).await;
+    let done = store.task(&run).await.unwrap();
+    assert_eq!(done.status, TaskStatus::Completed);
+    assert!(done.version >= 50, "{} steps", done.version);
+    // A task paused for approval of its first action.
+    let gated = create(
+        &api,
+        &key,
+        json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 5, "events": 4},
+               "labels": {"gate": "approve"}}),
+    )
+    .await;
+    run_to_end(store.clone(), &gated).await;
+    let paused = store.task(&gated).await.unwrap();
+    assert_eq!(
+        (paused.status, paused.version),
+        (TaskStatus::AwaitingApproval, 1)
+    );
+
+    // The assets need no key and carry the policy; the API's document does not list them.
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/viewer/app.js", "text/javascript"),
+        ("/viewer/style.css", "text/css"),
+        ("/viewer/bench.json", "application/json"),
+    ] {
+        let asset = api.send(Call::get(path)).await;
+        asset.expect(200);
+        assert!(
+            asset.header("content-type").unwrap().starts_with(kind),
+            "{path}"
+        );
+        assert_eq!(
+            asset.header("content-security-policy"),
+            Some(CONTENT_SECURITY_POLICY),
+            "{path}"
+        );
+        assert_eq!(asset.header("x-content-type-options"), Some("nosniff"));
+    }
+    let index = String::from_utf8(api.send(Call::get("/")).await.body).unwrap();
+    assert!(!index.contains("<script>") && !index.contains("style="));
+    let document = api.send(Call::get("/openapi.json")).await.json();
+    let paths = document["paths"].as_object().unwrap();
+    assert!(
+        paths.keys().all(|p| p != "/" && !p.starts_with("/viewer")),
+        "{:?}",
+        paths.keys()
+    );
+    api.send(Call::get("/v1/tasks")).await.problem(401);
+
+    let browser = driver.session(1400, 1000).await.unwrap();
+    let shots = screenshots();
+    let result = drive(&browser, &api, &key, &store, &run, &gated, &report, &shots).await;
+    if result.is_err() {
+        let _ = browser.screenshot(&shots.join("failure.png")).await;
+    }
+    let _ = browser.quit().await;
+    api.stop().await;
+    result.unwrap();
+    eprintln!(
+        "viewer: browser test took {:.1} s; screenshots in {}",
+        started.elapsed().as_secs_f64(),
+        shots.display()
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    browser: &Browser,
+    api: &Socket,
+    key: &str,
+    store: &Arc<dyn skillstate_store::Store>,
+    run: &str,
+    gated: &str,
+    report: &skillstate_bench::BenchReport,
+    shots: &std::path::Path,
+) -> anyhow::Result<()> {
+    // The list asks for the key once; it stays for the session.
+    browser.goto(&format!("{}/", api.base)).await?;
+    let input = browser.wait("#key-input", WAIT).await?;
+    browser.type_into(&input, key).await?;
+    browser.type_into(&input, keys::ENTER).await?;
+    browser
+        .wait(&format!("#task-table tr[data-task='{run}']"), WAIT)
+        .await?;
+    browser
+        .wait(&format!("#task-table tr[data-task='{gated}']"), WAIT)
+        .await?;
+    // Labels are text: the markup in one is shown, not run.
+    let row = browser
+        .text_of(&format!("#task-table tr[data-task='{run}']"))
+        .await?;
+    assert!(row.contains("note:<img src=x id=pwned>"), "{row}");
+    assert_eq!(
+        browser
+            .script(
+                "return document.getElementById('pwned') === null",
+                json!([])
+            )
+            .await?,
+        true
+    );
+    let steps_cell = browser
+        .text_of(&format!("#task-table tr[data-task='{run}'] td.num"))
+        .await?;
+    let done = store.task(run).await?;
+    assert_eq!(steps_cell, done.version.to_string());
+    browser.screenshot(&shots.join("task-list.png")).await?;
+
+    // Filter by status: only the paused task.
+    browser
+        .goto(&format!("{}/#/?status=awaiting_approval", api.base))
+        .await?;
+    browser
+        .wait(&format!("#task-table tr[data-task='{gated}']"), WAIT)
+        .await?;
+    assert_eq!(
+        browser.find_all("#task-table tr[data-task]").await?.len(),
+        1
+    );
+    // Filter by label, through the form.
+    browser.goto(&format!("{}/#/", api.base)).await?;
+    let label = browser.wait("#filter-label", WAIT).await?;
+    browser.type_into(&label, "run:demo").await?;
+    browser.type_into(&label, keys::ENTER).await?;
+    browser
+        .wait_script(
+            "the label filter",
+            "return location.hash.includes('label=run') && document.querySelectorAll('#task-table tr[data-task]').length === 1 && document.querySelector('#task-table tr[data-task]').dataset.task",
+            WAIT,
+        )
+        .await?;
+
+    // Open the finished run from the list.
+    let link = browser
+        .wait(
+            &format!("#task-table tr[data-task='{run}'] a.task-link"),
+            WAIT,
+        )
+        .await?;
+    browser.click(&link).await?;
+    let steps = browser.wait("#task-steps", WAIT).await?;
+    assert_eq!(browser.text(&steps).await?, done.version.to_string());
+    browser
+        .wait_script(
+            "the state at the last step",
+            &format!(
+                "const s = document.querySelector('#state-raw'); return s !== null && s.closest('section').dataset.step === '{}'",
+                done.version
+            ),
+            WAIT,
+        )
+        .await?;
+
+    // The slider, by keyboard: Home, then seven steps right; the state shown is the API's.
+    let slider = browser.wait("#state-slider", WAIT).await?;
+    browser.click(&slider).await?;
+    browser.type_into(&slider, keys::HOME).await?;
+    for _ in 0..7 {
+        browser.type_into(&slider, keys::RIGHT).await?;
+    }
+    browser
+        .wait_script(
+            "the state after step 7",
+            "const s = document.querySelector('#state-raw').closest('section'); return s.dataset.step === '7' && document.querySelector('#state-raw').textContent",
+            WAIT,
+        )
+        .await?;
+    let shown: Value = serde_json::from_str(
+        browser
+            .script(
+                "return document.querySelector('#state-raw').textContent",
+                json!([]),
+            )
+            .await?
+            .as_str()
+            .unwrap_or_default(),
+    )?;
+    let at_seven = get(api, key, &format!("/v1/tasks/{run}/steps/7/state")).await;
+    assert_eq!(shown, at_seven, "the state shown at step 7");
+    assert_ne!(
+        at_seven,
+        get(api, key, &format!("/v1/tasks/{run}/state")).await,
+        "step 7's state differs from the last one, so the slider moved the view"
+    );
+
+    // A step whose patch removes a shelf: its diff shows the key as removed.
+    let mut removals = Vec::new();
+    for step in 1..=done.version {
+        let detail = get(api, key, &format!("/v1/tasks/{run}/steps/{step}")).await;
+        let patch = &detail["accepted"]["patch"];
+        let inventory = patch["inventory"].as_object();
+        if let Some((shelf, _)) = inventory.and_then(|m| m.iter().find(|(_, v)| v.is_null())) {
+            // A move removes one shelf and fills another.
+            let moved = inventory.is_some_and(|m| m.values().any(|v| !v.is_null()));
+            removals.push((step, shelf.clone(), moved));
+        }
+    }
+    let (step, shelf, _) = removals
+        .first()
+        .cloned()
+        .expect("the oracle ships an item out (a shelf set to null)");
+    let before = get(
+        api,
+        key,
+        &format!("/v1/tasks/{run}/steps/{}/state", step - 1),
+    )
+    .await;
+    let after = get(api, key, &format!("/v1/tasks/{run}/steps/{step}/state")).await;
+    assert!(before["inventory"].get(&shelf).is_some() && after["inventory"].get(&shelf).is_none());
+    assert!(step <= 100, "on the first page of the timeline");
+    let toggle = browser
+        .wait(
+            &format!("#timeline tr.step[data-step='{step}'] .step-toggle"),
+            WAIT,
+        )
+        .await?;
+    browser.click(&toggle).await?;
+    let removed = browser
+        .wait(
+            &format!("#timeline tr.detail[data-step='{step}'] ul.diff li.removed[data-pointer='/inventory/{shelf}']"),
+            WAIT,
+        )
+        .await?;
+    let text = browser.text(&removed).await?;
+    assert!(
+        text.contains("removed") && text.contains(&format!("/inventory/{shelf}")),
+        "{text}"
+    );
+    assert!(
+        browser
+            .find(&format!("#timeline tr.detail[data-step='{step}'] ul.diff li.added[data-pointer='/inventory/{shelf}']"))
+            .await?
+            .is_none()
+    );
+    browser.click(&toggle).await?;
+    // A later removal, opened with "Go to step"; its button moves the state viewer there.
+    // This is the page as the README shows it.
+    // (A move in the second half of the run, when there is one: a diff with both colours.)
+    let (late, late_shelf, _) = removals
+        .iter()
+        .rev()
+        .find(|(s, _, moved)| *moved && *s > 25 && *s < done.version)
+        .unwrap_or_else(|| removals.last().unwrap())
+        .clone();
+    let goto = browser.wait("#goto-step", WAIT).await?;
+    browser.type_into(&goto, &late.to_string()).await?;
+    browser.type_into(&goto, keys::ENTER).await?;
+    browser
+        .wait(
+            &format!("#step-alone ul.diff li.removed[data-pointer='/inventory/{late_shelf}']"),
+            WAIT,
+        )
+        .await?;
+    let show_state = browser.wait("#step-alone button.show-state", WAIT).await?;
+    browser.click(&show_state).await?;
+    browser
+        .wait_script(
+            "the state after the opened step",
+            &format!("return document.querySelector('#state-raw').closest('section').dataset.step === '{late}'"),
+            WAIT,
+        )
+        .await?;
+    browser
+        .wait("#task-chart-svg polyline.series", WAIT)
+        .await?;
+    browser.set_window(1400, 1300).await?;
+    browser.script("window.scrollTo(0, 0)", json!([])).await?;
+    browser.screenshot(&shots.join("task-page.png")).await?;
+    browser.set_window(1400, 1000).await?;
+
+    // The exact prompt of the first removal's step.
+    browser.click(&toggle).await?;
+    let show = browser
+        .wait(
+            &format!("#timeline tr.detail[data-step='{step}'] button.show-prompt"),
+            WAIT,
+        )
+        .await?;
+    browser.click(&show).await?;
+    browser
+        .wait(
+            &format!("#timeline tr.detail[data-step='{step}'] pre.prompt"),
+            WAIT,
+        )
+        .await?;
+    let prompt_shown = browser
+        .script(
+            &format!("return document.querySelector(\"#timeline tr.detail[data-step='{step}'] pre.prompt\").textContent"),
+            json!([]),
+        )
+        .await?;
+    let prompt = get(api, key, &format!("/v1/tasks/{run}/steps/{step}/prompt")).await;
+    assert_eq!(prompt_shown, prompt["text"]);
+
+    // The chart: one point per step of the journal.
+    let polyline = browser
+        .wait("#task-chart-svg polyline.series", WAIT)
+        .await?;
+    let listed = get(api, key, &format!("/v1/tasks/{run}/steps?limit=1000")).await;
+    let step_count = listed["steps"].as_array().unwrap().len();
+    assert_eq!(
+        browser.attribute(&polyline, "data-points").await?,
+        Some(step_count.to_string())
+    );
+    let points = browser
+        .attribute(&polyline, "points")
+        .await?
+        .unwrap_or_default();
+    assert_eq!(points.split_whitespace().count(), step_count);
+
+    // Approve the paused task; as a worker delivers the approval it runs on, live.
+    browser
+        .goto(&format!("{}/#/tasks/{gated}", api.base))
+        .await?;
+    let approve = browser.wait("#approve", WAIT).await?;
+    assert!(
+        browser
+            .text_of("#task-status")
+            .await?
+            .contains("awaiting_approval")
+    );
+    browser
+        .wait("#timeline tr.step[data-step='1']", WAIT)
+        .await?;
+    browser.click(&approve).await?;
+    browser
+        .wait("#messages li[data-kind='approve']", WAIT)
+        .await?;
+    let inbox = get(api, key, &format!("/v1/tasks/{gated}/messages")).await;
+    assert_eq!(inbox["messages"][0]["kind"], "approve");
+    run_to_end(store.clone(), gated).await;
+    let continued = store.task(gated).await?;
+    assert_eq!(
+        continued.version, 2,
+        "the approved action ran and the task went on"
+    );
+    browser
+        .wait("#timeline tr.step[data-step='2']", WAIT)
+        .await?;
+    browser
+        .wait_script(
+            "the steps count after the approval",
+            "return document.querySelector('#task-steps').textContent === '2'",
+            WAIT,
+        )
+        .await?;
+    browser
+        .wait_script(
+            "the approval shown as delivered",
+            "const m = document.querySelector(\"#messages li[data-kind='approve']\"); return m && m.textContent.includes('delivered at step 2')",
+            WAIT,
+        )
+        .await?;
+
+    // Send a message; it waits in the inbox until a worker delivers it.
+    let message = browser.wait("#message-text", WAIT).await?;
+    browser
+        .type_into(&message, "Shelf 7 is blocked today <b>really</b>")
+        .await?;
+    let send = browser.wait("#send-message", WAIT).await?;
+    browser.click(&send).await?;
+    let sent = browser
+        .wait("#messages li[data-kind='message']", WAIT)
+        .await?;
+    assert!(
+        browser
+            .text(&sent)
+            .await?
+            .contains("Shelf 7 is blocked today <b>really</b>")
+    );
+    let inbox = get(api, key, &format!("/v1/tasks/{gated}/messages")).await;
+    assert_eq!(inbox["messages"][1]["kind"], "message");
+    assert_eq!(
+        inbox["messages"][1]["text"],
+        "Shelf 7 is blocked today <b>really</b>"
+    );
+
+    // The bench page: the CLI report's table, cell for cell, and its chart.
+    browser.goto(&format!("{}/#/bench", api.base)).await?;
+    browser.wait("#bench-table", WAIT).await?;
+    let cells = browser
+        .script(
+            "return [...document.querySelectorAll('#bench-table tr')].map(r => [...r.children].map(c => c.textContent))",
+            json!([]),
+        )
+        .await?;
+    let cells: Vec<Vec<String>> = serde_json::from_value(cells)?;
+    assert_eq!(cells, table_cells(report));
+    let horizon = *report.config.horizons.iter().max().unwrap();
+    for strategy in &report.config.strategies {
+        let expected = report
+            .runs
+            .iter()
+            .filter(|r| r.completed() && r.spec.horizon == horizon && r.spec.strategy == *strategy)
+            .map(|r| r.prompt_tokens_per_step.len())
+            .min()
+            .unwrap_or(0);
+        assert!(expected > 0, "{} completed", strategy.as_str());
+        let line = browser
+            .wait(
+                &format!(
+                    "#bench-chart polyline.series[data-name='{}']",
+                    strategy.as_str()
+                ),
+                WAIT,
+            )
+            .await?;
+        assert_eq!(
+            browser.attribute(&line, "data-points").await?,
+            Some(expected.to_string()),
+            "{}",
+            strategy.as_str()
+        );
+    }
+    browser.set_window(1400, 1250).await?;
+    browser.screenshot(&shots.join("bench-page.png")).await?;
+    Ok(())
+}
