@@ -212,6 +212,23 @@ async fn drive(
     // The list asks for the key once; it stays for the session.
     browser.goto(&format!("{}/", api.base)).await?;
     let input = browser.wait("#key-input", WAIT).await?;
+    browser.type_into(&input, "sk_not_a_key").await?;
+    browser.type_into(&input, keys::ENTER).await?;
+    browser
+        .wait_script(
+            "the refused key",
+            "const a = document.querySelector('.key-form [role=alert]'); return a && a.textContent.includes('refused')",
+            WAIT,
+        )
+        .await?;
+    // The console holds the refused request, and nothing else.
+    for (_, message) in browser.console().await? {
+        assert!(
+            message.contains("/v1/tasks?limit=50") && message.contains("401"),
+            "{message}"
+        );
+    }
+    let input = browser.wait("#key-input", WAIT).await?;
     browser.type_into(&input, key).await?;
     browser.type_into(&input, keys::ENTER).await?;
     browser
@@ -285,6 +302,33 @@ async fn drive(
             WAIT,
         )
         .await?;
+
+    // Opening a task reads one page of step summaries and the last state, never step by
+    // step: what a 10,000-step task needs to open is the same.
+    browser
+        .wait("#task-chart-svg polyline.series", WAIT)
+        .await?;
+    let fetched: Vec<String> = serde_json::from_value(
+        browser
+            .script(
+                "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname + new URL(e.name).search)",
+                json!([]),
+            )
+            .await?,
+    )?;
+    let journal: Vec<&String> = fetched
+        .iter()
+        .filter(|u| u.starts_with(&format!("/v1/tasks/{run}/steps")))
+        .collect();
+    assert_eq!(
+        journal.iter().map(|u| u.as_str()).collect::<Vec<_>>(),
+        vec![
+            format!("/v1/tasks/{run}/steps?limit=100").as_str(),
+            format!("/v1/tasks/{run}/steps/{}/state", done.version).as_str(),
+            format!("/v1/tasks/{run}/steps?limit=1000").as_str(),
+        ],
+        "{fetched:?}"
+    );
 
     // The slider, by keyboard: Home, then seven steps right; the state shown is the API's.
     let slider = browser.wait("#state-slider", WAIT).await?;
@@ -549,5 +593,13 @@ async fn drive(
     }
     browser.set_window(1400, 1250).await?;
     browser.screenshot(&shots.join("bench-page.png")).await?;
+
+    // No script error, failed request or policy violation on any page.
+    let console = browser.console().await?;
+    let severe: Vec<&(String, String)> = console
+        .iter()
+        .filter(|(level, message)| level == "SEVERE" || message.contains("Content Security Policy"))
+        .collect();
+    assert!(severe.is_empty(), "{severe:#?}");
     Ok(())
 }

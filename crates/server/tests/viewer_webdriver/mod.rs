@@ -120,6 +120,7 @@ impl Driver {
                 ],
             },
             "timeouts": {"script": 20000, "pageLoad": 30000, "implicit": 0},
+            "goog:loggingPrefs": {"browser": "ALL"},
         }}});
         let answer = send(
             &self.client,
@@ -366,6 +367,31 @@ impl Browser {
         )
         .await?;
         Ok(())
+    }
+
+    /// The browser console's entries since the last call (chromedriver's log endpoint):
+    /// `(level, message)`.
+    pub async fn console(&self) -> Result<Vec<(String, String)>> {
+        let entries = self
+            .call(
+                reqwest::Method::POST,
+                "/se/log",
+                Some(json!({"type": "browser"})),
+            )
+            .await?;
+        Ok(entries
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|e| {
+                        (
+                            e["level"].as_str().unwrap_or_default().to_owned(),
+                            e["message"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     pub async fn quit(self) -> Result<()> {
