@@ -257,6 +257,16 @@ async fn drive(
     let done = store.task(run).await?;
     assert_eq!(steps_cell, done.version.to_string());
     browser.screenshot(&shots.join("task-list.png")).await?;
+    // Live: a task created meanwhile shows up without a reload (the list follows /v1/events).
+    let fresh = create(
+        api,
+        key,
+        json!({"skill": "warehouse", "model": "oracle", "labels": {"live": "yes"}}),
+    )
+    .await;
+    browser
+        .wait(&format!("#task-table tr[data-task='{fresh}']"), WAIT)
+        .await?;
 
     // Filter by status: only the paused task.
     browser
@@ -487,10 +497,12 @@ async fn drive(
         .unwrap_or_default();
     assert_eq!(points.split_whitespace().count(), step_count);
 
-    // Approve the paused task; as a worker delivers the approval it runs on, live.
-    browser
-        .goto(&format!("{}/#/tasks/{gated}", api.base))
-        .await?;
+    // Approve the paused task (found by its id); as a worker delivers the approval it runs
+    // on, live.
+    browser.goto(&format!("{}/#/", api.base)).await?;
+    let search = browser.wait("#search-id", WAIT).await?;
+    browser.type_into(&search, gated).await?;
+    browser.type_into(&search, keys::ENTER).await?;
     let approve = browser.wait("#approve", WAIT).await?;
     assert!(
         browser
