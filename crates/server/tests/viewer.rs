@@ -605,6 +605,31 @@ async fn drive(
     }
     browser.set_window(1400, 1250).await?;
     browser.screenshot(&shots.join("bench-page.png")).await?;
+    // A results.json opened in the page (read by the browser) shows the same table.
+    let local = tempfile::tempdir()?;
+    let mut shrunk = report.clone();
+    shrunk.config.horizons.retain(|&h| h == horizon);
+    shrunk.groups.retain(|g| g.horizon == horizon);
+    let path = local.path().join("results.json");
+    std::fs::write(&path, serde_json::to_vec(&shrunk)?)?;
+    let picker = browser.wait("#bench-file", WAIT).await?;
+    browser.type_into(&picker, path.to_str().unwrap()).await?;
+    browser
+        .wait_script(
+            "the opened results.json",
+            "const p = document.querySelector('#bench p.muted'); return p && p.textContent === 'From results.json.'",
+            WAIT,
+        )
+        .await?;
+    let cells = browser
+        .script(
+            "return [...document.querySelectorAll('#bench-table tr')].map(r => [...r.children].map(c => c.textContent))",
+            json!([]),
+        )
+        .await?;
+    let cells: Vec<Vec<String>> = serde_json::from_value(cells)?;
+    assert_eq!(cells, table_cells(&shrunk));
+    assert_eq!(cells.len(), 2, "the header and the one horizon kept");
 
     // No script error, failed request or policy violation on any page.
     let console = browser.console().await?;
