@@ -131,6 +131,40 @@ where
     Ok(())
 }
 
+/// The condition (on batch `b`) that it has tasks and every one belongs to the tenant bound
+/// at `tenant`; both subqueries use the tasks' `batch_id` index.
+pub(crate) fn visible_to(tenant: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM tasks t WHERE t.batch_id = b.id AND t.tenant = {tenant}) \
+         AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.batch_id = b.id \
+             AND (t.tenant IS NULL OR t.tenant <> {tenant}))"
+    )
+}
+
+/// One task's row of `task_totals`: `task_id`, `answers`, `prompt_tokens`,
+/// `counted_output_tokens`, `reported`, `input_tokens`, `output_tokens`.
+pub(crate) fn totals_from_row<R: Row>(row: &R) -> Result<(String, crate::TaskTotals)>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let count = |column: &str| -> Result<u64> {
+        Ok(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0).max(0) as u64)
+    };
+    Ok((
+        row.try_get("task_id")?,
+        crate::TaskTotals {
+            answers: count("answers")?,
+            prompt_tokens: count("prompt_tokens")?,
+            output_tokens: count("counted_output_tokens")?,
+            reported_answers: count("reported")?,
+            input_tokens_reported: count("input_tokens")?,
+            output_tokens_reported: count("output_tokens")?,
+        },
+    ))
+}
+
 /// One entry of a rate window: when, and how many requests and tokens it counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RateEntry {

@@ -15,8 +15,11 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use std::collections::HashMap;
+
 use crate::Result;
 use crate::model::{NewTask, TaskRecord, TaskStatus, TaskSummary};
+use crate::queue::BatchRecord;
 
 /// An API key about to be stored. Only a hash of its secret is ever stored; the secret is
 /// shown to its creator once.
@@ -67,6 +70,8 @@ pub struct TaskOwner {
     pub idempotency_key: Option<String>,
     /// A JSON object of string labels (`{"team": "ops"}`), filterable in listings.
     pub labels: Value,
+    /// The batch (full id) the task is queued in, when it is created as part of one.
+    pub batch: Option<String>,
 }
 
 /// One page of a task listing. Newest first; `after` is the id of the last task of the
@@ -80,8 +85,36 @@ pub struct TaskQuery {
     pub skill: Option<String>,
     /// A label that must be present with this value.
     pub label: Option<(String, String)>,
+    /// Only tasks of this batch (full id).
+    pub batch: Option<String>,
     pub after: Option<String>,
     pub limit: u32,
+}
+
+/// One page of a tenant's batches. Newest first; `after` is the id of the last batch of the
+/// previous page.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchQuery {
+    pub tenant: String,
+    pub after: Option<String>,
+    pub limit: u32,
+}
+
+/// A task's token figures, summed from every answer in its journal (rejected ones too: they
+/// were paid for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TaskTotals {
+    /// Journal rows: every answer, accepted or rejected.
+    pub answers: u64,
+    /// Prompt tokens counted locally (o200k_base).
+    pub prompt_tokens: u64,
+    /// Answer tokens counted locally; rows from before answers were counted add nothing.
+    pub output_tokens: u64,
+    /// Answers whose provider reported its usage.
+    pub reported_answers: u64,
+    /// Sums of the provider-reported `input_tokens` and `output_tokens` (0 when unreported).
+    pub input_tokens_reported: u64,
+    pub output_tokens_reported: u64,
 }
 
 #[async_trait]
@@ -98,6 +131,16 @@ pub trait Tenancy: Send + Sync {
     /// The tenant that owns `task` (full id), `None` for tasks created outside the service.
     async fn task_tenant(&self, task: &str) -> Result<Option<String>>;
     async fn list_tasks_page(&self, query: &TaskQuery) -> Result<Vec<TaskSummary>>;
+    /// The token totals of `tasks` (full ids) from their journals: one grouped query, however
+    /// many tasks. A task without a journal row (or unknown) is absent from the answer.
+    async fn task_totals(&self, tasks: &[String]) -> Result<HashMap<String, TaskTotals>>;
+    /// The batches visible to `query.tenant`: those with at least one task and whose every
+    /// task belongs to the tenant. Newest first.
+    async fn list_batches_page(&self, query: &BatchQuery) -> Result<Vec<BatchRecord>>;
+    /// The tenant a batch (full id) is visible to: `Some` when it has tasks and they all
+    /// belong to one tenant, `None` otherwise (no task, a task of no tenant, or tasks of
+    /// several). `StoreError::NoSuchBatch` for an unknown batch.
+    async fn batch_tenant(&self, batch: &str) -> Result<Option<String>>;
 }
 
 /// What an event says happened.
@@ -176,4 +219,8 @@ pub trait Events: Send + Sync {
     /// returned position never skips or repeats one. A malformed position is an error naming
     /// it.
     async fn events_after(&self, query: &EventQuery) -> Result<Vec<EventRecord>>;
+    /// The position of the last event readable now among those `query` selects (its `after`
+    /// and `limit` are ignored): resuming after it yields only events that become readable
+    /// later, none missed. `None` when there is none yet (resume from the first then).
+    async fn latest_event_position(&self, query: &EventQuery) -> Result<Option<String>>;
 }

@@ -213,6 +213,7 @@ async fn create_owned(
         tenant: caller.tenant.clone(),
         idempotency_key: key.clone(),
         labels: json!(request.labels),
+        batch: None,
     };
     let (record, created) = state
         .store
@@ -331,6 +332,7 @@ pub async fn list_tasks(
             status: query.status.map(StatusName::status),
             skill: query.skill.clone(),
             label,
+            batch: None,
             after: query.cursor.clone(),
             limit: limit + 1,
         })

@@ -84,6 +84,32 @@ fn parse_position(position: &str) -> Result<(String, i64)> {
 
 #[async_trait]
 impl Events for PostgresStore {
+    async fn latest_event_position(&self, query: &EventQuery) -> Result<Option<String>> {
+        // The last row below the horizon (module doc): everything that becomes readable later
+        // sorts after it.
+        let mut sql = String::from(
+            "SELECT tx::text AS tx, id FROM events WHERE tx < pg_snapshot_xmin(pg_current_snapshot())",
+        );
+        let mut texts: Vec<&str> = Vec::new();
+        for (column, value) in [("tenant", &query.tenant), ("task_id", &query.task)] {
+            if let Some(value) = value {
+                texts.push(value);
+                sql.push_str(&format!(" AND {column} = ${}", texts.len()));
+            }
+        }
+        sql.push_str(" ORDER BY tx DESC, id DESC LIMIT 1");
+        let mut statement = sqlx::query(AssertSqlSafe(sql));
+        for text in texts {
+            statement = statement.bind(text);
+        }
+        let Some(row) = statement.fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        let tx: String = row.try_get("tx")?;
+        let id: i64 = row.try_get("id")?;
+        Ok(Some(format!("{tx}.{id}")))
+    }
+
     async fn events_after(&self, query: &EventQuery) -> Result<Vec<EventRecord>> {
         let after = query.after.as_deref().map(parse_position).transpose()?;
         // See the module doc: only rows below the oldest running transaction, in (tx, id)

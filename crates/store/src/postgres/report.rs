@@ -1,5 +1,6 @@
 //! The per-task figures of a batch on PostgreSQL: three grouped queries (tasks, journal,
-//! intents) however many tasks the batch holds. JSON columns are text; `skillstate_jsonb`
+//! intents) however many tasks the batch holds; the token totals of a page of tasks (one
+//! grouped query); the batches a tenant sees. JSON columns are text; `skillstate_jsonb`
 //! (migration 3) reads them, taking text that is not JSON as absent.
 
 use std::collections::HashMap;
@@ -7,10 +8,14 @@ use std::collections::HashMap;
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{NOW_MS, PostgresStore};
-use crate::Queue;
-use crate::Result;
-use crate::queue::BatchTask;
-use crate::queue_rows::{BATCH_TASK_COLUMNS, add_journal_figures, batch_task_from_row};
+use crate::queue::{BatchRecord, BatchTask};
+use crate::queue_rows::{
+    BATCH_COLUMNS, BATCH_TASK_COLUMNS, add_journal_figures, batch_from_row, batch_task_from_row,
+    totals_from_row, visible_to,
+};
+use crate::service::{BatchQuery, TaskTotals};
+use crate::service_rows::page_limit;
+use crate::{Queue, Result, StoreError};
 
 /// A provider-reported usage count, 0 when absent or not a whole number.
 fn usage(key: &str) -> String {
@@ -85,4 +90,69 @@ pub(super) async fn batch_tasks(store: &PostgresStore, batch: &str) -> Result<Ve
         }
     }
     Ok(tasks)
+}
+
+/// The token totals of `tasks`: one grouped query over their journal rows (the journal's key
+/// starts with the task id, so each task is one range of it).
+pub(super) async fn task_totals(
+    store: &PostgresStore,
+    tasks: &[String],
+) -> Result<HashMap<String, TaskTotals>> {
+    if tasks.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let sql = format!(
+        "SELECT j.task_id, COUNT(*) AS answers, CAST(SUM(j.prompt_tokens) AS BIGINT) AS prompt_tokens, \
+         CAST(SUM(COALESCE(j.output_tokens, 0)) AS BIGINT) AS counted_output_tokens, \
+         CAST(SUM(CASE WHEN jsonb_typeof(j.usage -> 'input_tokens') = 'number' THEN 1 ELSE 0 END) AS BIGINT) AS reported, \
+         {}, {} \
+         FROM (SELECT task_id, prompt_tokens, output_tokens, skillstate_jsonb(usage) AS usage \
+               FROM journal WHERE task_id = ANY($1)) j \
+         GROUP BY j.task_id",
+        usage("input_tokens"),
+        usage("output_tokens"),
+    );
+    let rows = sqlx::query(AssertSqlSafe(sql))
+        .bind(tasks)
+        .fetch_all(store.pool())
+        .await?;
+    rows.iter().map(totals_from_row).collect()
+}
+
+/// The batches whose every task is `query.tenant`'s, newest first (ids are UUIDv7).
+pub(super) async fn list_batches_page(
+    store: &PostgresStore,
+    query: &BatchQuery,
+) -> Result<Vec<BatchRecord>> {
+    let sql = format!(
+        "SELECT {BATCH_COLUMNS} FROM batches b WHERE {} AND ($3::text IS NULL OR b.id < $3) \
+         ORDER BY b.id DESC LIMIT $2",
+        visible_to("$1")
+    );
+    let rows = sqlx::query(AssertSqlSafe(sql))
+        .bind(&query.tenant)
+        .bind(page_limit(query.limit))
+        .bind(query.after.as_deref())
+        .fetch_all(store.pool())
+        .await?;
+    rows.iter().map(batch_from_row).collect()
+}
+
+pub(super) async fn batch_tenant(store: &PostgresStore, batch: &str) -> Result<Option<String>> {
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM batches WHERE id = $1")
+        .bind(batch)
+        .fetch_optional(store.pool())
+        .await?;
+    if found.is_none() {
+        return Err(StoreError::NoSuchBatch(batch.to_owned()));
+    }
+    let tenants: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT DISTINCT tenant FROM tasks WHERE batch_id = $1 LIMIT 2")
+            .bind(batch)
+            .fetch_all(store.pool())
+            .await?;
+    Ok(match tenants.as_slice() {
+        [Some(tenant)] => Some(tenant.clone()),
+        _ => None,
+    })
 }

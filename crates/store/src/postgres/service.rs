@@ -217,6 +217,10 @@ impl Tenancy for PostgresStore {
                 binds.len()
             ));
         }
+        if let Some(batch) = &query.batch {
+            binds.push(batch);
+            sql.push_str(&format!(" AND batch_id = ${}", binds.len()));
+        }
         if let Some(after) = &query.after {
             binds.push(after);
             sql.push_str(&format!(" AND id < ${}", binds.len()));
@@ -231,5 +235,23 @@ impl Tenancy for PostgresStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.iter().map(summary_from_row).collect())
+    }
+
+    async fn task_totals(
+        &self,
+        tasks: &[String],
+    ) -> Result<std::collections::HashMap<String, TaskTotals>> {
+        super::report::task_totals(self, tasks).await
+    }
+
+    async fn list_batches_page(
+        &self,
+        query: &BatchQuery,
+    ) -> Result<Vec<crate::queue::BatchRecord>> {
+        super::report::list_batches_page(self, query).await
+    }
+
+    async fn batch_tenant(&self, batch: &str) -> Result<Option<String>> {
+        super::report::batch_tenant(self, batch).await
     }
 }

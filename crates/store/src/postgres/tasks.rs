@@ -26,8 +26,8 @@ pub(super) async fn insert_task(
     now: i64,
 ) -> Result<bool> {
     let inserted = sqlx::query(
-        "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, 0, $11, $11, $12, $13, $14) \
+        "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels, batch_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, 0, $11, $11, $12, $13, $14, $15) \
          ON CONFLICT (tenant, idempotency_key) WHERE tenant IS NOT NULL AND idempotency_key IS NOT NULL DO NOTHING",
     )
     .bind(id)
@@ -44,6 +44,7 @@ pub(super) async fn insert_task(
     .bind(owner.map(|o| o.tenant.as_str()))
     .bind(owner.and_then(|o| o.idempotency_key.as_deref()))
     .bind(owner.map(|o| to_json(&o.labels)))
+    .bind(owner.and_then(|o| o.batch.as_deref()))
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() != 1 {

@@ -141,6 +141,8 @@ fn insert_tasks(
 /// written and the earlier task's id is the answer.
 pub(super) struct OwnedTask {
     pub(super) row: TaskRow,
+    /// The batch it is queued in, when created as part of one.
+    pub(super) batch: Option<String>,
     pub(super) now: i64,
 }
 
@@ -158,7 +160,12 @@ impl OwnedTask {
                 return Ok((id, false));
             }
         }
-        insert_tasks(conn, std::slice::from_ref(&self.row), None, self.now)?;
+        insert_tasks(
+            conn,
+            std::slice::from_ref(&self.row),
+            self.batch.as_deref(),
+            self.now,
+        )?;
         Ok((self.row.id.clone(), true))
     }
 }

@@ -136,6 +136,7 @@ impl Tenancy for SqliteStore {
         let reply = self
             .write(Write::OwnedTask(OwnedTask {
                 row: TaskRow::owned(&task, initial_state, owner),
+                batch: owner.batch.clone(),
                 now: now_millis(),
             }))
             .await?;
@@ -184,6 +185,10 @@ impl Tenancy for SqliteStore {
             binds.push(key);
             binds.push(value);
         }
+        if let Some(batch) = &query.batch {
+            sql.push_str(" AND batch_id = ?");
+            binds.push(batch);
+        }
         if let Some(after) = &query.after {
             sql.push_str(" AND id < ?");
             binds.push(after);
@@ -199,10 +204,49 @@ impl Tenancy for SqliteStore {
             .await?;
         Ok(rows.iter().map(summary_from_row).collect())
     }
+
+    async fn task_totals(
+        &self,
+        tasks: &[String],
+    ) -> Result<std::collections::HashMap<String, TaskTotals>> {
+        super::report::task_totals(self, tasks).await
+    }
+
+    async fn list_batches_page(
+        &self,
+        query: &BatchQuery,
+    ) -> Result<Vec<crate::queue::BatchRecord>> {
+        super::report::list_batches_page(self, query).await
+    }
+
+    async fn batch_tenant(&self, batch: &str) -> Result<Option<String>> {
+        super::report::batch_tenant(self, batch).await
+    }
 }
 
 #[async_trait]
 impl Events for SqliteStore {
+    async fn latest_event_position(&self, query: &EventQuery) -> Result<Option<String>> {
+        // Ids are handed out in commit order (module doc): the largest one committed is the
+        // last event any reader can see; a later one gets a larger id.
+        let mut sql = String::from("SELECT MAX(id) FROM events WHERE 1 = 1");
+        let mut binds: Vec<&str> = Vec::new();
+        if let Some(tenant) = &query.tenant {
+            sql.push_str(" AND tenant = ?");
+            binds.push(tenant);
+        }
+        if let Some(task) = &query.task {
+            sql.push_str(" AND task_id = ?");
+            binds.push(task);
+        }
+        let mut statement = sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(sql));
+        for bind in binds {
+            statement = statement.bind(bind);
+        }
+        let last = statement.fetch_one(&self.pool).await?;
+        Ok(last.map(|id| id.to_string()))
+    }
+
     async fn events_after(&self, query: &EventQuery) -> Result<Vec<EventRecord>> {
         let after = match &query.after {
             None => 0,

@@ -17,6 +17,7 @@ fn owner(tenant: &str, key: Option<&str>, labels: Value) -> TaskOwner {
         tenant: tenant.into(),
         idempotency_key: key.map(str::to_owned),
         labels,
+        batch: None,
     }
 }
 
@@ -1103,6 +1104,213 @@ async fn a_read_only_open_reads_tasks_and_journals_of_schema_four() -> anyhow::R
         let read = reader.task(&task.id).await?;
         assert_eq!((read.version, read.tenant), (1, None));
         assert_eq!(reader.journal(&task.id).await?, journal);
+        Ok(())
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Totals, tenants' batches, the latest event position
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_totals_sum_every_answer_of_each_task_in_one_read() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (busy, _) = store
+            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .await?;
+        let (idle, _) = store
+            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .await?;
+        // Three accepted answers (1 prompt token, 7 answer tokens, no usage) and one rejected
+        // (20 prompt tokens, no count of its answer, the provider reported 20 in / 5 out).
+        run_steps(store.as_ref(), &busy.id, 3, &[2]).await?;
+        let unknown = "0190aaaa-0000-7000-8000-000000000000".to_owned();
+        let totals = store
+            .task_totals(&[busy.id.clone(), idle.id.clone(), unknown.clone()])
+            .await?;
+        assert_eq!(
+            totals.get(&busy.id),
+            Some(&TaskTotals {
+                answers: 4,
+                prompt_tokens: 23,
+                output_tokens: 21,
+                reported_answers: 1,
+                input_tokens_reported: 20,
+                output_tokens_reported: 5,
+            })
+        );
+        assert!(!totals.contains_key(&idle.id), "{totals:?}");
+        assert!(!totals.contains_key(&unknown), "{totals:?}");
+        assert_eq!(totals.len(), 1);
+        assert!(store.task_totals(&[]).await?.is_empty());
+        Ok(())
+    })
+    .await
+}
+
+fn batch_named(name: &str) -> NewBatch {
+    NewBatch {
+        name: name.into(),
+        spec: json!({"skill": "free"}),
+        on_error: OnError::SkipAndLog,
+        max_retry: 0,
+        rate_limit: RateLimit::default(),
+    }
+}
+
+fn in_batch(tenant: &str, batch: &str) -> TaskOwner {
+    TaskOwner {
+        batch: Some(batch.to_owned()),
+        ..owner(tenant, None, json!({}))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_the_batches_whose_every_task_is_its_own() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let own = store.create_batch(&batch_named("own")).await?;
+        let mut own_tasks = Vec::new();
+        for _ in 0..2 {
+            let (task, _) = store
+                .create_owned_task(new_task(), &json!({}), &in_batch("acme", &own.id))
+                .await?;
+            own_tasks.push(task.id);
+        }
+        let mixed = store.create_batch(&batch_named("mixed")).await?;
+        store
+            .create_owned_task(new_task(), &json!({}), &in_batch("acme", &mixed.id))
+            .await?;
+        store
+            .create_owned_task(new_task(), &json!({}), &in_batch("globex", &mixed.id))
+            .await?;
+        let local = store.create_batch(&batch_named("local")).await?;
+        store
+            .enqueue_tasks(
+                &local.id,
+                vec![QueuedTask {
+                    task: new_task(),
+                    initial_state: json!({}),
+                    labels: json!({}),
+                }],
+            )
+            .await?;
+        let empty = store.create_batch(&batch_named("empty")).await?;
+        let newer = store.create_batch(&batch_named("newer")).await?;
+        store
+            .create_owned_task(new_task(), &json!({}), &in_batch("acme", &newer.id))
+            .await?;
+        // A task of acme outside any batch.
+        store
+            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .await?;
+
+        let listed = |tenant: &str, after: Option<&str>, limit: u32| {
+            let query = BatchQuery {
+                tenant: tenant.to_owned(),
+                after: after.map(str::to_owned),
+                limit,
+            };
+            let store = store.clone();
+            async move {
+                let batches = store.list_batches_page(&query).await?;
+                anyhow::Ok(batches.into_iter().map(|b| b.id).collect::<Vec<_>>())
+            }
+        };
+        assert_eq!(
+            listed("acme", None, 100).await?,
+            [newer.id.clone(), own.id.clone()]
+        );
+        assert_eq!(listed("acme", None, 1).await?, [newer.id.as_str()]);
+        assert_eq!(listed("acme", Some(&newer.id), 1).await?, [own.id.as_str()]);
+        assert!(listed("acme", Some(&own.id), 10).await?.is_empty());
+        assert!(listed("globex", None, 100).await?.is_empty());
+
+        assert_eq!(store.batch_tenant(&own.id).await?.as_deref(), Some("acme"));
+        assert_eq!(store.batch_tenant(&mixed.id).await?, None);
+        assert_eq!(store.batch_tenant(&local.id).await?, None);
+        assert_eq!(store.batch_tenant(&empty.id).await?, None);
+        match store
+            .batch_tenant("0190aaaa-0000-7000-8000-000000000000")
+            .await
+        {
+            Err(StoreError::NoSuchBatch(_)) => {}
+            other => bail!("an unknown batch should be NoSuchBatch, got {other:?}"),
+        }
+
+        // The batch filter of the task listing, and the batch's report rows.
+        let of_batch = store
+            .list_tasks_page(&TaskQuery {
+                batch: Some(own.id.clone()),
+                ..page(Some("acme"), None, 100)
+            })
+            .await?;
+        let mut ids: Vec<String> = of_batch.into_iter().map(|t| t.id).collect();
+        ids.reverse();
+        assert_eq!(ids, own_tasks);
+        let report: Vec<String> = store
+            .batch_tasks(&own.id)
+            .await?
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(report, own_tasks);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_after_the_latest_position_yields_only_later_events() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let of_tenant = |tenant: &str, after: Option<String>| EventQuery {
+            tenant: Some(tenant.to_owned()),
+            after,
+            limit: 1000,
+            ..EventQuery::default()
+        };
+        assert_eq!(
+            store
+                .latest_event_position(&of_tenant("acme", None))
+                .await?,
+            None
+        );
+        let (first, _) = store
+            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .await?;
+        run_steps(store.as_ref(), &first.id, 2, &[]).await?;
+        // Once they are readable, the latest position is the last one read.
+        let earlier = wait_events(store.as_ref(), &of_tenant("acme", None), 5).await?;
+        let latest = store
+            .latest_event_position(&of_tenant("acme", None))
+            .await?
+            .context("a latest position once events exist")?;
+        assert_eq!(Some(&latest), earlier.last().map(|e| &e.position));
+        let of_first = store
+            .latest_event_position(&of_task(&first.id, None))
+            .await?;
+        assert_eq!(of_first.as_ref(), Some(&latest));
+        assert!(
+            store
+                .events_after(&of_tenant("acme", Some(latest.clone())))
+                .await?
+                .is_empty()
+        );
+        // Another tenant's events do not move acme's position.
+        store
+            .create_owned_task(new_task(), &json!({}), &owner("globex", None, json!({})))
+            .await?;
+        let (second, _) = store
+            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .await?;
+        let later = wait_events(store.as_ref(), &of_tenant("acme", Some(latest)), 1).await?;
+        assert_eq!(later.len(), 1, "{later:?}");
+        assert_eq!(
+            (later[0].task.as_str(), later[0].kind),
+            (second.id.as_str(), EventKind::Created)
+        );
         Ok(())
     })
     .await
