@@ -9,6 +9,7 @@
 //! ([`crate::auth`]). The request timeout bounds a response's head only, so event streams
 //! ([`crate::routes::events`]) stay open; [`serve`] tells them when the shutdown starts.
 
+use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
+use skillstate_providers::Price;
 use skillstate_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -30,7 +32,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::require_key;
 use crate::factory::TaskFactory;
 use crate::problem::finish_problems;
-use crate::routes::{events, inbox, journal, ops, state, tasks};
+use crate::routes::{batches, events, inbox, journal, ops, state, tasks};
 
 /// The service's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +88,9 @@ pub struct AppState {
     pub(crate) shutdown: ShutdownNotice,
     /// A bench's results.json, served read-only to the web viewer ([`crate::viewer`]).
     pub(crate) bench: Option<Bytes>,
+    /// Prices by model spec (`[prices]` of skillstate.toml), for the cost in task and batch
+    /// responses; a model without one has no cost.
+    pub(crate) prices: Arc<BTreeMap<String, Price>>,
 }
 
 /// Tells long-lived responses (event streams) that the server is shutting down, so the
@@ -125,7 +130,14 @@ impl AppState {
             openapi: Arc::from(crate::openapi::document_json()),
             shutdown: ShutdownNotice::new(),
             bench: None,
+            prices: Arc::default(),
         }
+    }
+
+    /// Prices by model spec, for the estimated cost in task and batch responses.
+    pub fn with_prices(mut self, prices: BTreeMap<String, Price>) -> Self {
+        self.prices = Arc::new(prices);
+        self
     }
 
     /// Serves `results` (a bench's results.json) read-only at `/viewer/bench.json`, for the
@@ -180,6 +192,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}/resume", post(inbox::resume))
         .route("/v1/tasks/{id}/events", get(events::task_events))
         .route("/v1/events", get(events::tenant_events))
+        .route("/v1/batches", get(batches::list_batches))
+        .route("/v1/batches/{id}", get(batches::get_batch))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     let config = state.config.clone();
     Router::new()

@@ -15,10 +15,12 @@
 //! under the limits), `auth` (keys and tenants), `factory` (create requests → tasks), `views`
 //! (what responses look like), `routes` (the handlers), `openapi` (the document), `metrics`
 //! (Prometheus: the recorder, request counting, `/metrics`), `viewer` (the web viewer's
-//! embedded page at `/`), `app` (the router, its layers, serving).
+//! embedded page at `/`), `batch_report` (a batch's figures, shared with `skillstate batch
+//! status`), `app` (the router, its layers, serving).
 
 mod app;
 mod auth;
+pub mod batch_report;
 mod factory;
 mod json;
 pub mod metrics;

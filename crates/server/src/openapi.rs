@@ -7,15 +7,17 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::batch_report::{BatchInfo, Counts, Metrics, Percentiles, Standing, TaskRow};
 use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
+use crate::routes::batches::{BatchListItem, BatchPage, BatchView};
 use crate::routes::events::{EventKindName, EventView};
 use crate::routes::inbox::{
     ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
 };
 use crate::routes::journal::ForkRequest;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{events, inbox, journal, ops, state, tasks};
+use crate::routes::{batches, events, inbox, journal, ops, state, tasks};
 use crate::views::*;
 
 #[derive(OpenApi)]
@@ -46,6 +48,8 @@ use crate::views::*;
         inbox::resume,
         events::task_events,
         events::tenant_events,
+        batches::list_batches,
+        batches::get_batch,
         ops::healthz,
         ops::readyz,
         ops::openapi,
@@ -61,6 +65,8 @@ use crate::views::*;
         TaskView,
         TaskListItem,
         TaskPage,
+        Totals,
+        ReportedTokens,
         CreatedTask,
         BatchCreated,
         StatusName,
@@ -80,6 +86,15 @@ use crate::views::*;
         MessageView,
         MessageKindName,
         MessageList,
+        BatchListItem,
+        BatchPage,
+        BatchView,
+        BatchInfo,
+        Counts,
+        Metrics,
+        Percentiles,
+        Standing,
+        TaskRow,
     )),
     modifiers(&BearerKey),
     tags(
@@ -87,6 +102,7 @@ use crate::views::*;
         (name = "state", description = "A task's current state"),
         (name = "journal", description = "A task's history: steps, time travel, forks"),
         (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
+        (name = "batches", description = "Batches of tasks and their figures (counts, tokens, cost, ETA)"),
         (name = "events", description = "Live events (Server-Sent Events) with durable, resumable ids"),
         (name = "operations", description = "Health, readiness, metrics and this document"),
     )

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
+use skillstate_providers::{Price, Usage};
 use skillstate_store::{
-    IntentRecord, JournalEntry, TaskRecord, TaskStatus, TaskSummary, Verdict, time,
+    IntentRecord, JournalEntry, TaskRecord, TaskStatus, TaskSummary, TaskTotals, Verdict, time,
 };
 use utoipa::ToSchema;
 
@@ -77,6 +78,60 @@ pub struct TaskView {
     pub created_at: String,
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// Tokens and cost so far, summed over every answer in the journal.
+    pub totals: Totals,
+}
+
+/// A task's tokens and cost so far, summed over every answer of its journal (rejected answers
+/// too: they were paid for).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct Totals {
+    /// Answers the model gave, accepted or rejected.
+    pub answers: u64,
+    /// Prompt tokens, counted locally (o200k_base).
+    pub prompt_tokens: u64,
+    /// Answer tokens, counted locally (answers from before they were counted add nothing).
+    pub output_tokens: u64,
+    /// What the provider reported; `null` when it reported no usage for any answer.
+    pub reported: Option<ReportedTokens>,
+    /// Estimated cost in US dollars of the reported tokens, at the price configured for the
+    /// task's model (`[prices."<model>"]` in skillstate.toml, as `skillstate batch report`
+    /// computes it); `null` when no price is configured for the model.
+    pub cost_usd: Option<f64>,
+}
+
+/// Token counts a provider reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ReportedTokens {
+    /// Answers whose usage the provider reported.
+    pub answers: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Totals {
+    /// The totals of a task of `model` from its journal figures (`None`: no answer yet).
+    pub fn of(totals: Option<&TaskTotals>, price: Option<&Price>) -> Self {
+        let figures = totals.copied().unwrap_or_default();
+        let reported = (figures.reported_answers > 0).then_some(ReportedTokens {
+            answers: figures.reported_answers,
+            input_tokens: figures.input_tokens_reported,
+            output_tokens: figures.output_tokens_reported,
+        });
+        Self {
+            answers: figures.answers,
+            prompt_tokens: figures.prompt_tokens,
+            output_tokens: figures.output_tokens,
+            reported,
+            cost_usd: price.map(|price| {
+                price.cost(&Usage {
+                    input_tokens: figures.input_tokens_reported,
+                    output_tokens: figures.output_tokens_reported,
+                    ..Usage::default()
+                })
+            }),
+        }
+    }
 }
 
 /// Labels as shown: the stored JSON object's string values as they are. Tasks created through
@@ -125,7 +180,14 @@ impl TaskView {
             labels: shown_labels(&task.labels),
             created_at: rfc3339(task.created_at),
             updated_at: rfc3339(task.updated_at),
+            totals: Totals::default(),
         }
+    }
+
+    /// With its totals.
+    pub fn with_totals(mut self, totals: Totals) -> Self {
+        self.totals = totals;
+        self
     }
 }
 
@@ -146,10 +208,12 @@ pub struct TaskListItem {
     pub created_at: String,
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// Tokens and cost so far, summed over every answer in the journal.
+    pub totals: Totals,
 }
 
 impl TaskListItem {
-    pub fn of(task: &TaskSummary) -> Self {
+    pub fn of(task: &TaskSummary, totals: Totals) -> Self {
         Self {
             id: task.id.clone(),
             skill: task.skill_name.clone(),
@@ -164,6 +228,7 @@ impl TaskListItem {
             labels: task.labels.as_ref().map(shown_labels).unwrap_or_default(),
             created_at: rfc3339(task.created_at),
             updated_at: rfc3339(task.updated_at),
+            totals,
         }
     }
 }
@@ -187,6 +252,8 @@ pub struct CreatedTask {
 /// The tasks of a batch create, in request order.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BatchCreated {
+    /// The batch the tasks are in (`GET /v1/batches/{id}`).
+    pub batch: Option<String>,
     pub tasks: Vec<CreatedTask>,
 }
 

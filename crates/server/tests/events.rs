@@ -586,3 +586,107 @@ async fn the_routes_answer_event_streams_in_process() {
         assert!(late.starts_with("event: shutdown\n"), "{path}: {late}");
     }
 }
+
+#[tokio::test]
+async fn after_latest_starts_from_now_on_a_sqlite_file() {
+    after_latest(Db::sqlite().await).await;
+}
+
+#[tokio::test]
+async fn after_latest_starts_from_now_on_postgres() {
+    let Some(db) = Db::postgres().await.unwrap() else {
+        return;
+    };
+    after_latest(db).await;
+}
+
+/// `?after=latest`: a stream (the tenant's, or a task's) that reads none of the past, then
+/// every later event, exactly as a stream resumed after the last past event would; the
+/// `Last-Event-ID` header still wins over it.
+async fn after_latest(db: Db) {
+    let harness = Harness::with_config(db, config());
+    let store = harness.store();
+    let (acme, _) = harness.key("acme").await;
+    let socket = Socket::start(harness.state.clone()).await;
+    let base = socket.base.clone();
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    // The past: a whole run, readable before the streams open.
+    let old = create(&socket, &acme, &warehouse(41)).await;
+    run_to_end(store.clone(), &old).await;
+    let past = stored(store.as_ref(), "acme", None, None).await;
+    assert!(past.len() >= 6, "{}", past.len());
+    let deadline = Instant::now() + EXPECT;
+    loop {
+        // On PostgreSQL an event is readable once older transactions ended: wait for the
+        // whole run to be, so "latest" is after all of it.
+        let readable = stored(store.as_ref(), "acme", Some(&old), None).await;
+        if readable.last().and_then(|e| e.data.get("status")) == Some(&json!("completed")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run's events never became readable"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last_past = stored(store.as_ref(), "acme", None, None)
+        .await
+        .last()
+        .unwrap()
+        .position
+        .clone();
+
+    let mut tenant = Stream::open(&client, &base, "/v1/events?after=latest", &acme).await;
+    let mut task = Stream::open(
+        &client,
+        &base,
+        &format!("/v1/tasks/{old}/events?after=latest"),
+        &acme,
+    )
+    .await;
+    tenant.expect_quiet().await;
+    task.expect_quiet().await;
+
+    // Now: a new task and a message to the old one, seen live and nothing else.
+    let new = create(&socket, &acme, &warehouse(42)).await;
+    socket
+        .send(
+            Call::post(
+                format!("/v1/tasks/{old}/messages"),
+                &json!({"text": "one more thing"}),
+            )
+            .key(&acme),
+        )
+        .await
+        .expect(202);
+    let later = stored(store.as_ref(), "acme", None, Some(&last_past)).await;
+    assert!(later.len() >= 2, "{later:?}");
+    let got = tenant.take(later.len()).await;
+    assert_delivered(&got, &later);
+    assert_eq!(got[0].json()["task"], new.as_str());
+    tenant.expect_quiet().await;
+    let of_old: Vec<EventRecord> = later.into_iter().filter(|e| e.task == old).collect();
+    assert!(!of_old.is_empty());
+    let got = task.take(of_old.len()).await;
+    assert_delivered(&got, &of_old);
+    task.expect_quiet().await;
+
+    // The header wins: resuming after the first past event replays the rest of the past.
+    let response = client
+        .get(format!("{base}/v1/events?after=latest"))
+        .header("authorization", format!("Bearer {acme}"))
+        .header("last-event-id", past[0].position.as_str())
+        .send()
+        .await
+        .unwrap();
+    let mut resumed = Stream::of(response);
+    let got = resumed.take(past.len() - 1).await;
+    assert_delivered(&got, &past[1..]);
+    drop((tenant, task, resumed));
+    socket.stop().await;
+    harness.db.destroy().await;
+}

@@ -156,7 +156,8 @@ pub(crate) async fn run_with(
         skills: skills.clone(),
         config: config.clone(),
     });
-    let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default());
+    let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default())
+        .with_prices(config.prices.clone());
     if let Some(results) = bench {
         state = state.with_bench_results(results);
     }

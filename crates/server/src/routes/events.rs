@@ -5,7 +5,8 @@
 //! `event` name and an [`EventView`] as its `data`. A client that reconnects with
 //! `Last-Event-ID` (or `?after=`; the header wins) gets every later event exactly once: the
 //! store's positions never skip an event that can still appear (`skillstate_store::Events`),
-//! and they are the store's, so this holds across server restarts too.
+//! and they are the store's, so this holds across server restarts too. `?after=latest` starts
+//! from now: after the last event readable when the request arrives, reading none before it.
 //!
 //! Delivery: the stored events are read in pages of [`EVENT_PAGE`]; once a read comes back
 //! short, the stream looks for new ones every `ServerConfig::events_poll`. A silent stream
@@ -178,11 +179,15 @@ impl ToSchema for SseEvent {}
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
-    /// Resume after this event's position (an SSE `id` this server sent); the
-    /// `Last-Event-ID` header wins over it. Without either, the stream starts at the first
-    /// stored event.
+    /// Resume after this event's position (an SSE `id` this server sent), or `latest`: start
+    /// after the last event readable now, so only later events come (none of the past is
+    /// read). The `Last-Event-ID` header wins over it. Without either, the stream starts at
+    /// the first stored event.
     pub after: Option<String>,
 }
+
+/// The `after` value that starts a stream from now.
+pub const AFTER_LATEST: &str = "latest";
 
 /// Streams one task's events, stored ones first, then live.
 #[utoipa::path(
@@ -190,7 +195,7 @@ pub struct EventsQuery {
     path = "/v1/tasks/{id}/events",
     operation_id = "streamTaskEvents",
     summary = "Stream a task's events (Server-Sent Events)",
-    description = "A `text/event-stream` of the task's events in commit order. Each event's `id` is its durable position, its `event` name its kind (`created`, `step`, `rejected`, `action`, `status`, `message`) and its `data` an EventView. Reconnecting with `Last-Event-ID` (or `?after=`) resumes with no gap and no duplicate, across server restarts too. Keep-alive comments while idle (every 15 s by default); a final `shutdown` event when the server stops; the stream ends when the task is deleted.",
+    description = "A `text/event-stream` of the task's events in commit order. Each event's `id` is its durable position, its `event` name its kind (`created`, `step`, `rejected`, `action`, `status`, `message`) and its `data` an EventView. Reconnecting with `Last-Event-ID` (or `?after=`) resumes with no gap and no duplicate, across server restarts too; `?after=latest` starts after the last event readable now, reading none of the past. Keep-alive comments while idle (every 15 s by default); a final `shutdown` event when the server stops; the stream ends when the task is deleted.",
     tag = "events",
     params(
         ("id" = String, Path, description = "The task's id"),
@@ -224,7 +229,7 @@ pub async fn task_events(
     path = "/v1/events",
     operation_id = "streamEvents",
     summary = "Stream the events of every task of this tenant (Server-Sent Events)",
-    description = "A `text/event-stream` of the events of all the tenant's tasks, in commit order; the same events as each task's stream, interleaved. Each event's `id` is its durable position, its `event` name its kind and its `data` an EventView (with the task's id). Reconnecting with `Last-Event-ID` (or `?after=`) resumes with no gap and no duplicate, across server restarts too. Keep-alive comments while idle (every 15 s by default); a final `shutdown` event when the server stops.",
+    description = "A `text/event-stream` of the events of all the tenant's tasks, in commit order; the same events as each task's stream, interleaved. Each event's `id` is its durable position, its `event` name its kind and its `data` an EventView (with the task's id). Reconnecting with `Last-Event-ID` (or `?after=`) resumes with no gap and no duplicate, across server restarts too; `?after=latest` starts after the last event readable now, reading none of the past. Keep-alive comments while idle (every 15 s by default); a final `shutdown` event when the server stops.",
     tag = "events",
     params(
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event's position (the `id` of the last event received); wins over `after`"),
@@ -252,6 +257,8 @@ pub async fn tenant_events(
 /// position).
 struct Start {
     after: Option<String>,
+    /// `?after=latest`: after the last event readable now.
+    latest: bool,
     named_by: &'static str,
 }
 
@@ -267,11 +274,15 @@ fn start_position(headers: &HeaderMap, query: EventsQuery) -> Result<Start, ApiE
         })?;
         return Ok(Start {
             after: (!text.is_empty()).then(|| text.to_owned()),
+            latest: false,
             named_by: "the Last-Event-ID header",
         });
     }
+    let after = query.after.filter(|after| !after.is_empty());
+    let latest = after.as_deref() == Some(AFTER_LATEST);
     Ok(Start {
-        after: query.after.filter(|after| !after.is_empty()),
+        after: after.filter(|_| !latest),
+        latest,
         named_by: "the `after` parameter",
     })
 }
@@ -284,19 +295,22 @@ async fn stream(
     task: Option<String>,
     start: Start,
 ) -> Result<Response, ApiError> {
-    let query = EventQuery {
+    let mut query = EventQuery {
         tenant: Some(caller.tenant.clone()),
         task: task.clone(),
         after: start.after,
         limit: EVENT_PAGE,
     };
+    if start.latest {
+        query.after = state.store.latest_event_position(&query).await?;
+    }
     let first = state
         .store
         .events_after(&query)
         .await
         .map_err(|error| match error {
             StoreError::BadEventPosition(position) => ApiError::bad_request(format!(
-                "{} `{}` is not an event position of this server; send back the `id` of an event this server sent, or leave it out to start from the first event",
+                "{} `{}` is not an event position of this server; send back the `id` of an event this server sent, `latest` to start from now, or leave it out to start from the first event",
                 start.named_by,
                 quoted(&position)
             )),

@@ -344,7 +344,7 @@ pub async fn resume(
     state.store.queue_task(&task.id).await?;
     Ok((
         StatusCode::ACCEPTED,
-        axum::Json(TaskView::of(&state.store.task(&task.id).await?)),
+        axum::Json(super::tasks::task_view(&state, &state.store.task(&task.id).await?).await?),
     ))
 }
 

@@ -386,7 +386,8 @@ pub async fn fork(
             ),
             other => other.into(),
         })?;
-    let mut response = (StatusCode::CREATED, axum::Json(TaskView::of(&forked))).into_response();
+    let view = super::tasks::task_view(&state, &forked).await?;
+    let mut response = (StatusCode::CREATED, axum::Json(view)).into_response();
     if let Ok(value) = HeaderValue::from_str(&format!("/v1/tasks/{}", forked.id)) {
         response.headers_mut().insert(header::LOCATION, value);
     }

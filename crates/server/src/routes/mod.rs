@@ -1,6 +1,7 @@
 //! The handlers, one module per resource, and what they share: finding a task the caller's
 //! tenant owns, and holding a task still while it is changed from outside a runner.
 
+pub mod batches;
 pub mod events;
 pub mod inbox;
 pub mod journal;

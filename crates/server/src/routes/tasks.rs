@@ -6,7 +6,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use skillstate_store::{NewTask, TaskOwner, TaskQuery, TaskRecord, TaskStatus};
+use skillstate_store::{
+    BatchQuery, NewBatch, NewTask, OnError, RateLimit, TaskOwner, TaskQuery, TaskRecord, TaskStatus,
+};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{Hold, is_task_id, owned_task};
@@ -15,7 +17,9 @@ use crate::auth::Caller;
 use crate::factory::{CreateTaskRequest, check_request, is_label_name};
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, FieldError, Problem};
-use crate::views::{BatchCreated, CreatedTask, StatusName, TaskListItem, TaskPage, TaskView};
+use crate::views::{
+    BatchCreated, CreatedTask, StatusName, TaskListItem, TaskPage, TaskView, Totals,
+};
 
 /// The header that makes a retried create return the first task.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -69,17 +73,18 @@ pub async fn create_task(
         return Err(ApiError::invalid("the task request is not valid", errors));
     }
     let prepared = state.factory.prepare(&request).await?;
-    let (task, created) = create_owned(&state, &caller, &request, prepared, key).await?;
+    let (task, created) = create_owned(&state, &caller, &request, prepared, key, &None).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
+    let view = created_view(&state, &task, created).await?;
     let mut response = (
         status,
         axum::Json(CreatedTask {
             created,
-            task: TaskView::of(&task),
+            task: view,
         }),
     )
         .into_response();
@@ -93,15 +98,26 @@ pub async fn create_task(
 pub struct BatchCreateRequest {
     /// The tasks to create, each as for `createTask`.
     pub tasks: Vec<CreateTaskRequest>,
+    /// The batch's name, for people (1-200 characters; default `api`).
+    #[schema(min_length = 1, max_length = 200)]
+    pub name: Option<String>,
 }
+
+/// Longest batch name accepted.
+pub const MAX_BATCH_NAME: usize = 200;
+
+/// Batches a replayed batch create looks through (newest first) for the one its
+/// Idempotency-Key made.
+const REPLAY_LOOKBACK: u32 = 1000;
 
 /// Creates many tasks in one request.
 ///
 /// Every task is checked (by the server and the skill) before any is created: one invalid
 /// task refuses the whole batch with a 422 listing every problem, each pointer under
-/// `/tasks/<index>`. Tasks are then created one by one in request order; should that fail
-/// midway (a 5xx), retry with the same `Idempotency-Key`: item *i* uses `<key>/<i>`, so the
-/// tasks created before are returned, not made again.
+/// `/tasks/<index>`. Tasks are then created one by one in request order, as one batch (see
+/// `GET /v1/batches/{id}`); should that fail midway (a 5xx), retry with the same
+/// `Idempotency-Key`: item *i* uses `<key>/<i>`, so the tasks created before are returned,
+/// not made again, and the rest join the same batch.
 #[utoipa::path(
     post,
     path = "/v1/tasks:batch",
@@ -133,6 +149,18 @@ pub async fn create_tasks(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let max = state.config.max_batch;
+    if let Some(name) = &batch.name
+        && !(1..=MAX_BATCH_NAME).contains(&name.chars().count())
+    {
+        return Err(ApiError::invalid(
+            "the batch's name is not valid",
+            vec![FieldError::new(
+                "field",
+                "/name",
+                format!("give 1 to {MAX_BATCH_NAME} characters, or leave it out"),
+            )],
+        ));
+    }
     if batch.tasks.is_empty() || batch.tasks.len() > max {
         return Err(ApiError::invalid(
             format!("a batch has 1 to {max} tasks"),
@@ -169,11 +197,12 @@ pub async fn create_tasks(
             errors,
         ));
     }
+    let batch_id = batch_of(&state, &caller, &batch, &prepared, key.as_deref()).await?;
     let mut created_any = false;
     let mut tasks = Vec::with_capacity(prepared.len());
     for (index, (request, task)) in batch.tasks.iter().zip(prepared).enumerate() {
         let item_key = key.as_ref().map(|k| format!("{k}/{index}"));
-        let (task, created) = create_owned(&state, &caller, request, task, item_key)
+        let (task, created) = create_owned(&state, &caller, request, task, item_key, &batch_id)
             .await
             .map_err(|error| match error {
                 ApiError::Invalid { detail, errors } => ApiError::Invalid {
@@ -188,7 +217,7 @@ pub async fn create_tasks(
         created_any |= created;
         tasks.push(CreatedTask {
             created,
-            task: TaskView::of(&task),
+            task: created_view(&state, &task, created).await?,
         });
     }
     let status = if created_any {
@@ -196,7 +225,74 @@ pub async fn create_tasks(
     } else {
         StatusCode::OK
     };
-    Ok((status, axum::Json(BatchCreated { tasks })).into_response())
+    Ok((
+        status,
+        axum::Json(BatchCreated {
+            batch: batch_id,
+            tasks,
+        }),
+    )
+        .into_response())
+}
+
+/// The batch a batch create puts its tasks in: the one an earlier request with the same
+/// Idempotency-Key made (looked for among the tenant's newest batches), else a new one. Its
+/// settings keep the skill and model when every task shares them; tasks run as unbatched ones
+/// do (no retry, a failure stops nothing, no shared rate limit).
+async fn batch_of(
+    state: &AppState,
+    caller: &Caller,
+    request: &BatchCreateRequest,
+    prepared: &[(NewTask, Value)],
+    key: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    if let Some(key) = key {
+        let mut after = None;
+        let mut seen = 0;
+        while seen < REPLAY_LOOKBACK {
+            let page = state
+                .store
+                .list_batches_page(&BatchQuery {
+                    tenant: caller.tenant.clone(),
+                    after: after.clone(),
+                    limit: 200,
+                })
+                .await?;
+            if let Some(found) = page
+                .iter()
+                .find(|b| b.spec.get("idempotency_key").and_then(Value::as_str) == Some(key))
+            {
+                return Ok(Some(found.id.clone()));
+            }
+            let Some(last) = page.last() else { break };
+            seen += page.len() as u32;
+            after = Some(last.id.clone());
+        }
+    }
+    let common = |field: fn(&NewTask) -> &str| {
+        let first = prepared.first().map(|(task, _)| field(task))?;
+        prepared
+            .iter()
+            .all(|(task, _)| field(task) == first)
+            .then(|| first.to_owned())
+    };
+    let spec = json!({
+        "source": "api",
+        "skill": common(|t| t.skill.name.as_str()),
+        "model": common(|t| t.model.as_str()),
+        "idempotency_key": key,
+    });
+    let record = state
+        .store
+        .create_batch(&NewBatch {
+            name: request.name.clone().unwrap_or_else(|| "api".to_owned()),
+            spec,
+            on_error: OnError::SkipAndLog,
+            max_retry: 0,
+            rate_limit: RateLimit::default(),
+        })
+        .await?;
+    Ok(Some(record.id))
 }
 
 /// Stores a prepared task for the caller's tenant; a replayed key must name the same skill and
@@ -207,13 +303,14 @@ async fn create_owned(
     request: &CreateTaskRequest,
     (task, initial_state): (NewTask, Value),
     key: Option<String>,
+    batch: &Option<String>,
 ) -> Result<(TaskRecord, bool), ApiError> {
     let (skill, model) = (task.skill.name.clone(), task.model.clone());
     let owner = TaskOwner {
         tenant: caller.tenant.clone(),
         idempotency_key: key.clone(),
         labels: json!(request.labels),
-        batch: None,
+        batch: batch.clone(),
     };
     let (record, created) = state
         .store
@@ -273,6 +370,8 @@ pub struct ListTasksQuery {
     pub skill: Option<String>,
     /// Only tasks with this label: `name:value`.
     pub label: Option<String>,
+    /// Only tasks of this batch (its id).
+    pub batch: Option<String>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
     /// Tasks per page (1-500, default 50).
@@ -325,6 +424,13 @@ pub async fn list_tasks(
             "cursor `{cursor}` is not one this server gave; pass back `next_cursor` unchanged"
         )));
     }
+    if let Some(batch) = &query.batch
+        && !is_task_id(batch)
+    {
+        return Err(ApiError::bad_request(format!(
+            "batch `{batch}` is not a batch id; take one from GET /v1/batches"
+        )));
+    }
     let mut tasks = state
         .store
         .list_tasks_page(&TaskQuery {
@@ -332,7 +438,7 @@ pub async fn list_tasks(
             status: query.status.map(StatusName::status),
             skill: query.skill.clone(),
             label,
-            batch: None,
+            batch: query.batch.clone(),
             after: query.cursor.clone(),
             limit: limit + 1,
         })
@@ -344,8 +450,16 @@ pub async fn list_tasks(
     } else {
         None
     };
+    let ids: Vec<String> = tasks.iter().map(|t| t.id.clone()).collect();
+    let totals = state.store.task_totals(&ids).await?;
     Ok(axum::Json(TaskPage {
-        tasks: tasks.iter().map(TaskListItem::of).collect(),
+        tasks: tasks
+            .iter()
+            .map(|task| {
+                let totals = Totals::of(totals.get(&task.id), state.prices.get(&task.model));
+                TaskListItem::of(task, totals)
+            })
+            .collect(),
         next_cursor,
     }))
 }
@@ -372,7 +486,30 @@ pub async fn get_task(
     Path(id): Path<String>,
 ) -> Result<axum::Json<TaskView>, ApiError> {
     let task = owned_task(&state, &caller, &id).await?;
-    Ok(axum::Json(TaskView::of(&task)))
+    Ok(axum::Json(task_view(&state, &task).await?))
+}
+
+/// The task with its totals (one grouped read of its journal).
+pub(crate) async fn task_view(state: &AppState, task: &TaskRecord) -> Result<TaskView, ApiError> {
+    let totals = state
+        .store
+        .task_totals(std::slice::from_ref(&task.id))
+        .await?;
+    let totals = Totals::of(totals.get(&task.id), state.prices.get(&task.model));
+    Ok(TaskView::of(task).with_totals(totals))
+}
+
+/// A task a create returns: one made now has no answer yet; a replayed one is read whole.
+async fn created_view(
+    state: &AppState,
+    task: &TaskRecord,
+    created: bool,
+) -> Result<TaskView, ApiError> {
+    if created {
+        let totals = Totals::of(None, state.prices.get(&task.model));
+        return Ok(TaskView::of(task).with_totals(totals));
+    }
+    task_view(state, task).await
 }
 
 /// Deletes a task and everything it owns (journal, snapshots, events).
@@ -439,8 +576,8 @@ pub async fn cancel_task(
     Path(id): Path<String>,
 ) -> Result<axum::Json<TaskView>, ApiError> {
     let task = owned_task(&state, &caller, &id).await?;
-    if let Some(view) = already_ended(&task)? {
-        return Ok(axum::Json(view));
+    if already_ended(&task)? {
+        return Ok(axum::Json(task_view(&state, &task).await?));
     }
     let by = caller.clone();
     Hold::run(&state, &caller, &task.id, |state, id| async move {
@@ -453,25 +590,25 @@ pub async fn cancel_task(
 /// With the lease held: the task as it is now, cancelled unless it ended meanwhile.
 async fn cancel_held(state: &AppState, caller: &Caller, id: &str) -> Result<TaskView, ApiError> {
     let task = state.store.task(id).await?;
-    if let Some(view) = already_ended(&task)? {
-        return Ok(view);
+    if already_ended(&task)? {
+        return task_view(state, &task).await;
     }
     let outcome = json!({"reason": "canceled", "by": caller.key_id});
     state
         .store
         .set_status(id, TaskStatus::Failed, Some(&outcome))
         .await?;
-    Ok(TaskView::of(&state.store.task(id).await?))
+    task_view(state, &state.store.task(id).await?).await
 }
 
-/// `Some` for a task cancelled before (cancel is idempotent), an error for one that ended
-/// otherwise, `None` for one that can be cancelled.
-fn already_ended(task: &TaskRecord) -> Result<Option<TaskView>, ApiError> {
+/// `true` for a task cancelled before (cancel is idempotent), an error for one that ended
+/// otherwise, `false` for one that can be cancelled.
+fn already_ended(task: &TaskRecord) -> Result<bool, ApiError> {
     if !task.status.is_terminal() {
-        return Ok(None);
+        return Ok(false);
     }
     if skillstate_runtime::is_canceled(task) {
-        return Ok(Some(TaskView::of(task)));
+        return Ok(true);
     }
     Err(ApiError::conflict(format!(
         "the task already {}; there is nothing to cancel (fork it to continue from a step)",

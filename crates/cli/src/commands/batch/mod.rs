@@ -23,7 +23,6 @@ use tokio::sync::mpsc;
 use super::worker::{CliHost, stop_on_signals, worker_options};
 use crate::config::{Config, load_config, open_existing, open_store};
 use crate::render::{Table, format_time};
-use report::Report;
 use spec::BatchSpec;
 
 /// The database a command was given: `--db` (or SKILLSTATE_DB) when set explicitly, else the
@@ -140,7 +139,7 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
         BatchCommand::Status { batch } => {
             let config = load_config(config_path)?;
             let store = open_existing(&db.location).await?;
-            let report = Report::load(store.as_ref(), &batch, &config).await?;
+            let report = report::load(store.as_ref(), &batch, &config).await?;
             out!("{}", render::status(&report));
             Ok(ExitCode::SUCCESS)
         }
@@ -151,7 +150,7 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
         } => {
             let config = load_config(config_path)?;
             let store = open_existing(&db.location).await?;
-            let report = Report::load(store.as_ref(), &batch, &config).await?;
+            let report = report::load(store.as_ref(), &batch, &config).await?;
             let text = match format {
                 ReportFormat::Md => render::markdown(&report),
                 ReportFormat::Json => render::json(&report),
@@ -198,7 +197,7 @@ async fn drive(
         .as_ref()
         .map(|s| s.concurrency)
         .unwrap_or(spec::DEFAULT_CONCURRENCY);
-    let before = Report::load(store.as_ref(), &batch.id, config).await?;
+    let before = report::load(store.as_ref(), &batch.id, config).await?;
     let mut options = worker_options(config, "skillstate batch run", concurrency);
     options.batch = Some(batch.id.clone());
     options.until_idle = true;
@@ -225,7 +224,7 @@ async fn drive(
     }
     let _ = follower.await;
     result?;
-    let report = Report::load(store.as_ref(), &batch.id, config).await?;
+    let report = report::load(store.as_ref(), &batch.id, config).await?;
     out!("{}", render::status(&report));
     if let Some(dir) = spec.as_ref().and_then(|s| s.output_dir.as_ref()) {
         let summary = output::write(dir, store.as_ref(), &report).await?;
@@ -279,7 +278,7 @@ pub async fn list(db: &str, config_path: Option<&Path>) -> Result<ExitCode> {
     ]);
     for batch in batches {
         let tasks = store.batch_tasks(&batch.id).await?;
-        let report = Report::build(batch, &tasks, &config, report::now_millis());
+        let report = report::build(batch, &tasks, &config, report::now_millis());
         table.row(vec![
             report.batch.id.clone(),
             report.batch.name.clone(),

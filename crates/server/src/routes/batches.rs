@@ -1,0 +1,244 @@
+//! Batches, read-only: the tenant's batches (`GET /v1/batches`) and one batch's figures
+//! (`GET /v1/batches/{id}`: counts by status, tokens, cost, ETA, the slowest and the failed
+//! tasks — what `skillstate batch status` shows, computed by [`crate::batch_report`]). A
+//! batch's tasks are listed by `GET /v1/tasks?batch=<id>`.
+//!
+//! Tenancy: batches have no tenant of their own; a batch is visible to a tenant when it has
+//! tasks and every one of them is the tenant's. `POST /v1/tasks:batch` records its tasks as one
+//! batch of the caller's tenant; `skillstate batch submit` makes batches of tasks of no tenant,
+//! visible to no API key (as their tasks are). Another tenant's batch, one mixing tenants and
+//! a missing one are the same 404.
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use skillstate_store::{BatchQuery, BatchRecord, BatchState, StoreError};
+use utoipa::{IntoParams, ToSchema};
+
+use super::is_task_id;
+use super::tasks::{DEFAULT_PAGE, MAX_PAGE};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::batch_report::{BatchInfo, Counts, Metrics, Report, TaskRow, now_millis};
+use crate::json::ApiQuery;
+use crate::problem::{ApiError, Problem};
+use crate::views::{Redaction, rfc3339};
+
+/// The slowest tasks a batch's figures show, as `batch status` does.
+pub const SLOWEST: usize = 5;
+/// The failed tasks a batch's figures list (`failed_total` counts them all).
+pub const FAILED_SHOWN: usize = 20;
+
+/// The page of a batch listing.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListBatchesQuery {
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Batches per page (1-500, default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+/// One batch of a listing.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchListItem {
+    pub id: String,
+    pub name: String,
+    /// `open` (workers claim its queued tasks) or `stopped`.
+    pub state: String,
+    pub stop_reason: Option<String>,
+    /// The model its settings name, if one.
+    pub model: Option<String>,
+    /// The skill its settings name, if one.
+    pub skill: Option<String>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+}
+
+/// A page of batches, newest first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchPage {
+    pub batches: Vec<BatchListItem>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A batch's figures: what `skillstate batch status` shows.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchView {
+    pub batch: BatchInfo,
+    /// Tasks by where they stand.
+    pub counts: Counts,
+    /// Tokens, cost, rates, percentiles and the ETA.
+    pub metrics: Metrics,
+    /// The slowest tasks (finished or running), slowest first, at most 5.
+    pub slowest: Vec<TaskRow>,
+    /// Failed tasks (for good, or waiting for a retry) with their reasons, at most 20.
+    pub failed: Vec<TaskRow>,
+    /// All failed tasks.
+    pub failed_total: u64,
+    /// When the figures were computed.
+    #[schema(format = DateTime)]
+    pub generated_at: String,
+}
+
+fn state_name(state: BatchState) -> &'static str {
+    match state {
+        BatchState::Open => "open",
+        BatchState::Stopped => "stopped",
+    }
+}
+
+/// A text setting of a batch (`model`, `skill`).
+fn setting(batch: &BatchRecord, name: &str) -> Option<String> {
+    batch
+        .spec
+        .get(name)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+impl BatchListItem {
+    fn of(batch: &BatchRecord) -> Self {
+        Self {
+            id: batch.id.clone(),
+            name: batch.name.clone(),
+            state: state_name(batch.state).to_owned(),
+            stop_reason: batch.stop_reason.clone(),
+            model: setting(batch, "model"),
+            skill: setting(batch, "skill"),
+            created_at: rfc3339(batch.created_at),
+        }
+    }
+}
+
+/// Lists the tenant's batches, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/batches",
+    operation_id = "listBatches",
+    summary = "List batches",
+    description = "The batches whose every task belongs to this API key's tenant (those `POST /v1/tasks:batch` made), newest first. Their tasks: `GET /v1/tasks?batch=<id>`.",
+    tag = "batches",
+    params(ListBatchesQuery),
+    responses(
+        (status = 200, description = "A page of batches, newest first", body = BatchPage),
+        (status = 400, description = "A parameter is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_batches(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(query): ApiQuery<ListBatchesQuery>,
+) -> Result<axum::Json<BatchPage>, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is out of range; give 1 to {MAX_PAGE}"
+        )));
+    }
+    if let Some(cursor) = &query.cursor
+        && !is_task_id(cursor)
+    {
+        return Err(ApiError::bad_request(format!(
+            "cursor `{cursor}` is not one this server gave; pass back `next_cursor` unchanged"
+        )));
+    }
+    let mut batches = state
+        .store
+        .list_batches_page(&BatchQuery {
+            tenant: caller.tenant.clone(),
+            after: query.cursor.clone(),
+            limit: limit + 1,
+        })
+        .await?;
+    let more = batches.len() > limit as usize;
+    batches.truncate(limit as usize);
+    let next_cursor = if more {
+        batches.last().map(|b| b.id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(BatchPage {
+        batches: batches.iter().map(BatchListItem::of).collect(),
+        next_cursor,
+    }))
+}
+
+/// The 404 for a batch id: missing, not a batch id, or not the tenant's.
+fn no_batch(id: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "no batch `{id}` exists for this API key's tenant; list them with GET /v1/batches"
+    ))
+}
+
+/// Gets a batch's figures.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}",
+    operation_id = "getBatch",
+    summary = "Get a batch's status",
+    description = "What `skillstate batch status` shows: tasks by status, tokens (counted and provider-reported), cost (at the price configured for the batch's model), rates, percentiles of steps and durations, the ETA, the slowest tasks and the failed ones with their reasons.",
+    tag = "batches",
+    params(("id" = String, Path, description = "The batch's id")),
+    responses(
+        (status = 200, description = "The batch's figures", body = BatchView),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such batch for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_batch(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<BatchView>, ApiError> {
+    if !is_task_id(&id) {
+        return Err(no_batch(&id));
+    }
+    match state.store.batch_tenant(&id).await {
+        Ok(Some(tenant)) if tenant == caller.tenant => {}
+        Ok(_) | Err(StoreError::NoSuchBatch(_)) => return Err(no_batch(&id)),
+        Err(other) => return Err(other.into()),
+    }
+    let batch = match state.store.batch(&id).await {
+        Ok(batch) if batch.id == id => batch,
+        Ok(_) | Err(StoreError::NoSuchBatch(_) | StoreError::AmbiguousBatch { .. }) => {
+            return Err(no_batch(&id));
+        }
+        Err(other) => return Err(other.into()),
+    };
+    let mut tasks = state.store.batch_tasks(&batch.id).await?;
+    // A failure quotes rejection messages, which may quote a value: none that the task's
+    // state schema marks write-only.
+    for task in &mut tasks {
+        if let Some(failure) = task.failure.take() {
+            let shown = match state.store.task(&task.id).await {
+                Ok(record) => Redaction::of_task(&record).text(failure),
+                Err(_) => "the failure's reason cannot be shown (its task is unreadable)".into(),
+            };
+            task.failure = Some(shown);
+        }
+    }
+    let model = setting(&batch, "model");
+    let skill = setting(&batch, "skill");
+    let price = model.as_deref().and_then(|m| state.prices.get(m));
+    let report = Report::build(batch, &tasks, model, skill, price, now_millis());
+    let failures = report.failures();
+    Ok(axum::Json(BatchView {
+        failed_total: failures.len() as u64,
+        failed: failures.into_iter().take(FAILED_SHOWN).cloned().collect(),
+        slowest: report.slowest(SLOWEST).into_iter().cloned().collect(),
+        generated_at: rfc3339(report.generated_at),
+        batch: report.batch,
+        counts: report.counts,
+        metrics: report.metrics,
+    }))
+}
