@@ -124,15 +124,60 @@ async fn the_viewer_in_a_real_browser() {
     let state = harness.state.clone().with_bench_results(results);
     let api = Socket::start(state).await;
 
-    // A 50-event warehouse run to its end, labelled with markup that must stay text.
+    // A 50-event warehouse run to its end (the README's picture of a task page).
     let run = create(
         &api,
         &key,
         json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 7, "events": 50},
-               "labels": {"run": "demo", "note": "<img src=x id=pwned>"}}),
+               "labels": {"run": "demo", "site": "north"}}),
     )
     .await;
     run_to_end(store.clone(), &run).await;
+    // A task labelled with markup that must stay text.
+    let marked = create(
+        &api,
+        &key,
+        json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 3, "events": 2},
+               "labels": {"note": "<img src=x id=pwned>"}}),
+    )
+    .await;
+    // A batch of three: two finished (run, then settled as a worker does), one waiting.
+    let items: Vec<Value> = (1..=3)
+        .map(|seed| {
+            json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": seed, "events": 2},
+                   "labels": {"batch": "nightly"}})
+        })
+        .collect();
+    let batch = api
+        .send(
+            Call::post(
+                "/v1/tasks:batch",
+                &json!({"name": "nightly", "tasks": items}),
+            )
+            .key(&key),
+        )
+        .await;
+    let batch = batch.expect(201).json();
+    let batch_id = batch["batch"].as_str().unwrap().to_owned();
+    for item in &batch["tasks"].as_array().unwrap()[..2] {
+        let id = item["task"]["id"].as_str().unwrap();
+        run_to_end(store.clone(), id).await;
+        let claim = skillstate_store::LeaseClaim {
+            token: format!("settle {id}"),
+            holder: "test".into(),
+            process: "test".into(),
+        };
+        let claimed = store
+            .claim_task(&claim, 60_000, Some(&batch_id))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claimed.task_id, id);
+        store
+            .settle_claim(id, &claim.token, &skillstate_store::Settle::Done, None)
+            .await
+            .unwrap();
+    }
     let done = store.task(&run).await.unwrap();
     assert_eq!(done.status, TaskStatus::Completed);
     assert!(done.version >= 50, "{} steps", done.version);
@@ -184,7 +229,13 @@ async fn the_viewer_in_a_real_browser() {
 
     let browser = driver.session(1400, 1000).await.unwrap();
     let shots = screenshots();
-    let result = drive(&browser, &api, &key, &store, &run, &gated, &report, &shots).await;
+    let tasks = Tasks {
+        run: &run,
+        gated: &gated,
+        marked: &marked,
+        batch: &batch_id,
+    };
+    let result = drive(&browser, &api, &key, &store, &tasks, &report, &shots).await;
     if result.is_err() {
         let _ = browser.screenshot(&shots.join("failure.png")).await;
     }
@@ -198,17 +249,38 @@ async fn the_viewer_in_a_real_browser() {
     );
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the browser is shown: a finished 50-step run, a task paused for approval, a task
+/// labelled with markup, a batch.
+struct Tasks<'a> {
+    run: &'a str,
+    gated: &'a str,
+    marked: &'a str,
+    batch: &'a str,
+}
+
+/// `1234567` as `1,234,567`, as the viewer writes token counts.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 async fn drive(
     browser: &Browser,
     api: &Socket,
     key: &str,
     store: &Arc<dyn skillstate_store::Store>,
-    run: &str,
-    gated: &str,
+    tasks: &Tasks<'_>,
     report: &skillstate_bench::BenchReport,
     shots: &std::path::Path,
 ) -> anyhow::Result<()> {
+    let (run, gated, marked) = (tasks.run, tasks.gated, tasks.marked);
     // The list asks for the key once; it stays for the session.
     browser.goto(&format!("{}/", api.base)).await?;
     let input = browser.wait("#key-input", WAIT).await?;
@@ -239,7 +311,7 @@ async fn drive(
         .await?;
     // Labels are text: the markup in one is shown, not run.
     let row = browser
-        .text_of(&format!("#task-table tr[data-task='{run}']"))
+        .text_of(&format!("#task-table tr[data-task='{marked}']"))
         .await?;
     assert!(row.contains("note:<img src=x id=pwned>"), "{row}");
     assert_eq!(
@@ -256,6 +328,25 @@ async fn drive(
         .await?;
     let done = store.task(run).await?;
     assert_eq!(steps_cell, done.version.to_string());
+    // One page: no pager buttons, and nothing else in their place.
+    assert_eq!(browser.text_of(".pager").await?, "");
+    // Its tokens (counted, prompts and answers) as the API totals them; no price, no cost.
+    let totals = get(api, key, &format!("/v1/tasks/{run}")).await["totals"].clone();
+    let tokens =
+        totals["prompt_tokens"].as_u64().unwrap() + totals["output_tokens"].as_u64().unwrap();
+    assert!(tokens > 0);
+    assert_eq!(
+        browser
+            .text_of(&format!("#task-table tr[data-task='{run}'] td.tokens"))
+            .await?,
+        thousands(tokens)
+    );
+    assert_eq!(
+        browser
+            .text_of(&format!("#task-table tr[data-task='{run}'] td.cost"))
+            .await?,
+        "—"
+    );
     browser.screenshot(&shots.join("task-list.png")).await?;
     // Live: a task created meanwhile shows up without a reload (the list follows /v1/events).
     let fresh = create(
@@ -302,6 +393,15 @@ async fn drive(
     browser.click(&link).await?;
     let steps = browser.wait("#task-steps", WAIT).await?;
     assert_eq!(browser.text(&steps).await?, done.version.to_string());
+    let shown_tokens = browser.text_of("#task-tokens").await?;
+    assert!(
+        shown_tokens.starts_with(&format!(
+            "{} prompt + {} output",
+            thousands(totals["prompt_tokens"].as_u64().unwrap()),
+            thousands(totals["output_tokens"].as_u64().unwrap())
+        )),
+        "{shown_tokens}"
+    );
     browser
         .wait_script(
             "the state at the last step",
@@ -605,6 +705,7 @@ async fn drive(
     }
     browser.set_window(1400, 1250).await?;
     browser.screenshot(&shots.join("bench-page.png")).await?;
+    browser.set_window(1400, 1000).await?;
     // A results.json opened in the page (read by the browser) shows the same table.
     let local = tempfile::tempdir()?;
     let mut shrunk = report.clone();
@@ -630,6 +731,51 @@ async fn drive(
     let cells: Vec<Vec<String>> = serde_json::from_value(cells)?;
     assert_eq!(cells, table_cells(&shrunk));
     assert_eq!(cells.len(), 2, "the header and the one horizon kept");
+
+    // Batches: the list links to the batch page; its status counts are the API's; the
+    // throughput chart counts the finished tasks; the batch's tasks are one click away.
+    let batch = tasks.batch;
+    browser.goto(&format!("{}/#/batches", api.base)).await?;
+    let link = browser
+        .wait(
+            &format!("#batch-table tr[data-batch='{batch}'] a.batch-link"),
+            WAIT,
+        )
+        .await?;
+    browser.click(&link).await?;
+    browser
+        .wait("#batch-chart-svg polyline.series", WAIT)
+        .await?;
+    let view = get(api, key, &format!("/v1/batches/{batch}")).await;
+    let shown = browser
+        .script(
+            "return Object.fromEntries([...document.querySelectorAll('#batch-counts tr[data-status]')].map(r => [r.dataset.status, Number(r.querySelector('.count').textContent)]))",
+            json!([]),
+        )
+        .await?;
+    let shown = shown.as_object().unwrap();
+    let counts = view["counts"].as_object().unwrap();
+    assert_eq!(shown.len(), counts.len(), "{shown:?} {counts:?}");
+    for (name, tasks) in counts {
+        assert_eq!(shown.get(name), Some(tasks), "{name}: {shown:?}");
+    }
+    assert_eq!(view["counts"]["completed"], 2);
+    assert_eq!(view["counts"]["queued"], 1);
+    let chart = browser.wait("#batch-chart > div", WAIT).await?;
+    assert_eq!(
+        browser.attribute(&chart, "data-finished").await?,
+        Some("2".to_owned())
+    );
+    browser.screenshot(&shots.join("batch-page.png")).await?;
+    let listed = browser.wait("#batch-tasks", WAIT).await?;
+    browser.click(&listed).await?;
+    browser
+        .wait_script(
+            "the batch's tasks",
+            "return document.querySelector('#batch-filter') !== null && document.querySelectorAll('#task-table tr[data-task]').length === 3",
+            WAIT,
+        )
+        .await?;
 
     // No script error, failed request or policy violation on any page.
     let console = browser.console().await?;

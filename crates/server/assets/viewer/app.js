@@ -21,6 +21,11 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// replaceChildren() without the absent ones (it would write "null").
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
 function svg(tag, attrs, ...children) {
@@ -126,8 +131,9 @@ async function api(path, options) {
 const enc = encodeURIComponent;
 
 // Follows a Server-Sent Events stream with fetch() (EventSource cannot send the key), resuming
-// with Last-Event-ID after a drop. The last id is kept for the browser session, so a page
-// opened again resumes instead of reading the stream from its first event.
+// with Last-Event-ID after a drop. A stream with no id yet starts from now (?after=latest: no
+// past event is read; the page has just read the current figures). The last id is kept for the
+// browser session, so a page opened again resumes where it was.
 async function followEvents(path, onEvent, signal) {
   const memory = 'skillstate.events:' + path;
   let last = sessionStorage.getItem(memory);
@@ -137,12 +143,16 @@ async function followEvents(path, onEvent, signal) {
       const headers = authHeaders();
       headers.Accept = 'text/event-stream';
       if (last) headers['Last-Event-ID'] = last;
-      const response = await fetch(path, { headers, signal, cache: 'no-store' });
+      const url = last ? path : path + (path.includes('?') ? '&' : '?') + 'after=latest';
+      const response = await fetch(url, { headers, signal, cache: 'no-store' });
       if (response.status === 401) { sessionStorage.removeItem(KEY_STORE); route(); return; }
       if (response.status === 400 && last) { last = null; sessionStorage.removeItem(memory); continue; }
       if (response.status === 404) return;
       if (!response.ok || !response.body) throw new Error('events: ' + response.status);
       setLive('live');
+      // Started from now: what changed between the page's read and the stream's start is
+      // read again once (the handlers re-read on any event).
+      if (!last) { try { onEvent('open', null); } catch (e) { console.error(e); } }
       delay = 1000;
       const reader = response.body.getReader();
       const decoder = new TextDecoder();
@@ -221,7 +231,10 @@ async function route() {
     }
     if (!apiKey()) throw new NeedKey('');
     const task = path.match(/^\/tasks\/([^/]+)$/);
+    const batch = path.match(/^\/batches\/([^/]+)$/);
     if (task) await taskPage(main, decodeURIComponent(task[1]), params, pageAbort.signal);
+    else if (batch) await batchPage(main, decodeURIComponent(batch[1]), pageAbort.signal);
+    else if (path === '/batches') await batchList(main, params, pageAbort.signal);
     else await listPage(main, params, pageAbort.signal);
   } catch (error) {
     if (error instanceof NeedKey) keyForm(main, error.message);
@@ -257,6 +270,7 @@ async function listPage(main, params, signal) {
   const status = params.get('status') || '';
   const skill = params.get('skill') || '';
   const label = params.get('label') || '';
+  const batch = params.get('batch') || '';
   const cursor = params.get('cursor') || '';
   const statusSelect = el('select', { id: 'filter-status' },
     el('option', { value: '' }, 'any'),
@@ -265,6 +279,7 @@ async function listPage(main, params, signal) {
   const labelInput = el('input', { type: 'text', id: 'filter-label', value: label, placeholder: 'name:value' });
   const searchInput = el('input', { type: 'text', id: 'search-id', placeholder: 'task id' });
   main.append(el('h1', null, 'Tasks'));
+  if (batch) main.append(el('p', { id: 'batch-filter' }, 'Tasks of batch ', el('a', { href: '#/batches/' + enc(batch), class: 'mono' }, batch), ' · ', el('a', { href: '#/' }, 'all tasks')));
   main.append(el('form', {
     class: 'filters',
     onsubmit: (event) => {
@@ -273,6 +288,7 @@ async function listPage(main, params, signal) {
       if (statusSelect.value) next.set('status', statusSelect.value);
       if (skillInput.value.trim()) next.set('skill', skillInput.value.trim());
       if (labelInput.value.trim()) next.set('label', labelInput.value.trim());
+      if (batch) next.set('batch', batch);
       go('/', next);
     },
   },
@@ -299,7 +315,8 @@ async function listPage(main, params, signal) {
   const table = el('table', { id: 'task-table' },
     el('thead', null, el('tr', null,
       el('th', null, 'Task'), el('th', null, 'Status'), el('th', null, 'Skill'), el('th', null, 'Model'),
-      el('th', { class: 'num' }, 'Steps'), el('th', null, 'Labels'), el('th', null, 'Updated'))),
+      el('th', { class: 'num' }, 'Steps'), el('th', { class: 'num' }, 'Tokens'), el('th', { class: 'num' }, 'Cost'),
+      el('th', null, 'Labels'), el('th', null, 'Updated'))),
     tbody);
   const pager = el('div', { class: 'pager' });
   main.append(table, pager);
@@ -309,6 +326,7 @@ async function listPage(main, params, signal) {
     if (status) query.set('status', status);
     if (skill) query.set('skill', skill);
     if (label) query.set('label', label);
+    if (batch) query.set('batch', batch);
     if (cursor) query.set('cursor', cursor);
     const page = await api('/v1/tasks?' + query);
     if (signal.aborted) return;
@@ -317,10 +335,12 @@ async function listPage(main, params, signal) {
       el('td', null, badge(task.status), task.problem ? el('span', { class: 'muted' }, ' ' + task.problem) : null),
       el('td', null, task.skill), el('td', null, task.model),
       el('td', { class: 'num' }, String(task.version)),
+      el('td', { class: 'num tokens', title: tokensTitle(task.totals) }, thousands(task.totals.prompt_tokens + task.totals.output_tokens)),
+      el('td', { class: 'num cost' }, money(task.totals.cost_usd)),
       el('td', { class: 'mono' }, Object.entries(task.labels || {}).map(([k, v]) => k + ':' + v).join(' ')),
       el('td', null, task.updated_at))));
-    if (!page.tasks.length) tbody.append(el('tr', null, el('td', { colspan: 7, class: 'muted' }, 'No tasks.')));
-    pager.replaceChildren(
+    if (!page.tasks.length) tbody.append(el('tr', null, el('td', { colspan: 9, class: 'muted' }, 'No tasks.')));
+    fill(pager,
       cursor ? el('button', { type: 'button', onclick: () => history.back() }, '← Previous page') : null,
       page.next_cursor ? el('button', {
         type: 'button', id: 'next-page', onclick: () => {
@@ -417,7 +437,7 @@ async function taskPage(main, id, params, signal) {
     if (!page.steps.length) timelineBody.append(el('tr', null, el('td', { colspan: 9, class: 'muted' }, 'No steps yet.')));
     currentCursor = cursor;
     lastPage = !page.next_cursor;
-    pager.replaceChildren(
+    fill(pager,
       cursors.length ? el('button', { type: 'button', id: 'steps-prev', onclick: () => loadSteps(cursors.pop()) }, '← Previous steps') : null,
       el('span', { class: 'muted' }, page.steps.length ? 'steps ' + page.steps[0].step + '–' + page.steps[page.steps.length - 1].step + ' of ' + task.version : ''),
       page.next_cursor ? el('button', { type: 'button', id: 'steps-next', onclick: () => { cursors.push(currentCursor); loadSteps(page.next_cursor); } }, 'Next steps →') : null);
@@ -496,6 +516,9 @@ async function taskPage(main, id, params, signal) {
         el('dt', null, 'model'), el('dd', null, task.model),
         el('dt', null, 'context'), el('dd', null, task.context),
         el('dt', null, 'steps'), el('dd', { id: 'task-steps' }, String(task.version)),
+        el('dt', null, 'tokens'), el('dd', { id: 'task-tokens', title: tokensTitle(task.totals) }, thousands(task.totals.prompt_tokens) + ' prompt + ' + thousands(task.totals.output_tokens) + ' output'),
+        el('dt', null, 'reported'), el('dd', { id: 'task-reported' }, task.totals.reported ? thousands(task.totals.reported.input_tokens) + ' in + ' + thousands(task.totals.reported.output_tokens) + ' out' : NO_FIGURE),
+        el('dt', null, 'cost'), el('dd', { id: 'task-cost' }, money(task.totals.cost_usd)),
         el('dt', null, 'labels'), el('dd', { class: 'mono' }, Object.entries(task.labels || {}).map(([k, v]) => k + ':' + v).join(' ') || '—'),
         el('dt', null, 'created'), el('dd', null, task.created_at),
         el('dt', null, 'updated'), el('dd', null, task.updated_at),
@@ -749,6 +772,121 @@ function jsonTree(value, key, depth) {
   return el('div', { class: 'leaf' }, label, el('span', { class: cls }, JSON.stringify(value)));
 }
 
+// ---------------------------------------------------------------- batches
+
+function money(usd) {
+  return usd === null || usd === undefined ? NO_FIGURE : '$' + usd.toFixed(4);
+}
+
+function tokensTitle(totals) {
+  const parts = [thousands(totals.prompt_tokens) + ' prompt + ' + thousands(totals.output_tokens) + ' output tokens, counted (o200k_base), over ' + totals.answers + ' answers'];
+  if (totals.reported) parts.push('provider: ' + thousands(totals.reported.input_tokens) + ' in + ' + thousands(totals.reported.output_tokens) + ' out');
+  return parts.join('; ');
+}
+
+function duration(ms) {
+  if (ms === null || ms === undefined) return NO_FIGURE;
+  const s = Math.round(ms / 1000);
+  if (s < 60) return s + ' s';
+  const m = Math.floor(s / 60);
+  if (m < 60) return m + ' min ' + (s % 60) + ' s';
+  return Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
+}
+
+function percent(rate) {
+  return rate === null || rate === undefined ? NO_FIGURE : (rate * 100).toFixed(1) + '%';
+}
+
+async function batchList(main, params, signal) {
+  const cursor = params.get('cursor') || '';
+  main.append(el('h1', null, 'Batches'));
+  const query = new URLSearchParams({ limit: '50' });
+  if (cursor) query.set('cursor', cursor);
+  const page = await api('/v1/batches?' + query);
+  if (signal.aborted) return;
+  const tbody = el('tbody', null, page.batches.map((b) => el('tr', { dataset: { batch: b.id } },
+    el('td', { class: 'mono' }, el('a', { href: '#/batches/' + enc(b.id), class: 'batch-link' }, b.id)),
+    el('td', null, b.name), el('td', null, badge(b.state)), el('td', null, b.skill || NO_FIGURE),
+    el('td', null, b.model || NO_FIGURE), el('td', null, b.created_at))));
+  if (!page.batches.length) tbody.append(el('tr', null, el('td', { colspan: 6, class: 'muted' }, 'No batches (POST /v1/tasks:batch makes one).')));
+  main.append(el('table', { id: 'batch-table' },
+    el('thead', null, el('tr', null, el('th', null, 'Batch'), el('th', null, 'Name'), el('th', null, 'State'),
+      el('th', null, 'Skill'), el('th', null, 'Model'), el('th', null, 'Created'))), tbody),
+  el('div', { class: 'pager' },
+    cursor ? el('button', { type: 'button', onclick: () => history.back() }, '← Previous page') : null,
+    page.next_cursor ? el('button', { type: 'button', id: 'batches-next', onclick: () => go('/batches', new URLSearchParams({ cursor: page.next_cursor })) }, 'Next page →') : null));
+}
+
+const COUNTS = ['queued', 'running', 'retry_waiting', 'completed', 'failed', 'paused', 'unknown'];
+// Tasks read for the throughput chart, at most (a page is 500).
+const THROUGHPUT_PAGES = 40;
+
+async function batchPage(main, id, signal) {
+  const view = await api('/v1/batches/' + enc(id));
+  if (signal.aborted) return;
+  const b = view.batch, m = view.metrics, c = view.counts;
+  main.append(el('p', null, el('a', { href: '#/batches' }, '← Batches')),
+    el('h1', null, 'Batch ', el('span', { class: 'mono', id: 'batch-id' }, b.id), ' ', badge(b.state)),
+    el('dl', { class: 'meta' },
+      el('dt', null, 'name'), el('dd', null, b.name),
+      el('dt', null, 'skill'), el('dd', null, b.skill || NO_FIGURE),
+      el('dt', null, 'model'), el('dd', null, b.model || NO_FIGURE),
+      el('dt', null, 'created'), el('dd', null, new Date(b.created_at).toISOString().replace(/\.\d+Z$/, 'Z')),
+      el('dt', null, 'tokens'), el('dd', { id: 'batch-tokens' }, thousands(m.tokens) + ' (' + thousands(m.prompt_tokens) + ' prompt tokens counted)'),
+      el('dt', null, 'cost'), el('dd', { id: 'batch-cost' }, money(m.cost_usd)),
+      el('dt', null, 'ETA'), el('dd', { id: 'batch-eta' }, m.eta_ms === 0 ? 'done' : duration(m.eta_ms)),
+      el('dt', null, 'completion'), el('dd', null, percent(m.completion_rate)),
+      b.stop_reason ? [el('dt', { class: 'first' }, 'stopped'), el('dd', { class: 'wide' }, b.stop_reason)] : null),
+    el('p', null, el('a', { href: '#/?batch=' + enc(b.id), id: 'batch-tasks' }, 'Its ' + c.total + ' tasks →')));
+  main.append(el('h2', null, 'Tasks by status'),
+    el('table', { id: 'batch-counts', class: 'narrow' },
+      el('thead', null, el('tr', null, el('th', null, 'Status'), el('th', { class: 'num' }, 'Tasks'))),
+      el('tbody', null, COUNTS.map((name) => el('tr', { dataset: { status: name } },
+        el('td', null, name.replace('_', '-')), el('td', { class: 'num count' }, String(c[name])))),
+      el('tr', { dataset: { status: 'total' } }, el('th', null, 'total'), el('th', { class: 'num count' }, String(c.total))))));
+  const rows = (list) => list.map((t) => el('tr', null,
+    el('td', { class: 'mono' }, el('a', { href: '#/tasks/' + enc(t.id) }, t.id)),
+    el('td', { class: 'mono' }, Object.entries(t.labels || {}).map(([k, v]) => k + ':' + (typeof v === 'string' ? v : JSON.stringify(v))).join(' ')),
+    el('td', null, t.status), el('td', { class: 'num' }, String(t.steps)), el('td', { class: 'num' }, duration(t.duration_ms)),
+    el('td', null, t.failure || '')));
+  const head = () => el('thead', null, el('tr', null, el('th', null, 'Task'), el('th', null, 'Labels'), el('th', null, 'Status'),
+    el('th', { class: 'num' }, 'Steps'), el('th', { class: 'num' }, 'Duration'), el('th', null, 'Failure')));
+  if (view.slowest.length) main.append(el('h2', null, 'Slowest tasks'), el('table', { id: 'batch-slowest' }, head(), el('tbody', null, rows(view.slowest))));
+  if (view.failed.length) {
+    main.append(el('h2', null, 'Failed tasks (' + view.failed_total + ')'), el('table', { id: 'batch-failed' }, head(), el('tbody', null, rows(view.failed))));
+  }
+  const chartBox = el('div', { class: 'chart', id: 'batch-chart' }, el('span', { class: 'muted' }, 'loading…'));
+  main.append(el('h2', null, 'Throughput: tasks finished per minute'), chartBox);
+  // Finish times: the last update of each task that completed or failed.
+  const finished = [];
+  let cursor = null, pages = 0;
+  do {
+    const query = new URLSearchParams({ limit: '500', batch: b.id });
+    if (cursor) query.set('cursor', cursor);
+    const page = await api('/v1/tasks?' + query);
+    if (signal.aborted) return;
+    for (const t of page.tasks) if (t.status === 'completed' || t.status === 'failed') finished.push(Date.parse(t.updated_at));
+    cursor = page.next_cursor;
+    pages++;
+  } while (cursor && pages < THROUGHPUT_PAGES);
+  chartBox.replaceChildren(throughputChart(finished, cursor));
+}
+
+// Tasks finished per minute, from the first finish to the last (minute 0 = the first's).
+function throughputChart(times, truncated) {
+  if (!times.length) return el('p', { class: 'muted' }, 'No task has finished yet.');
+  const first = Math.min(...times);
+  const minutes = Math.floor((Math.max(...times) - first) / 60000);
+  const counts = new Array(minutes + 1).fill(0);
+  for (const t of times) counts[Math.floor((t - first) / 60000)]++;
+  const points = counts.map((n, i) => [i, n]);
+  const title = 'tasks finished per minute since ' + new Date(first).toISOString().slice(0, 16).replace('T', ' ') + ' UTC';
+  const chart = lineChart([{ name: 'tasks finished', points }], { x: 'minute', y: 'tasks finished', integer: true, xMin: 0, xMax: Math.max(1, minutes), id: 'batch-chart-svg', width: 720, height: 300, title });
+  chart.dataset.finished = String(times.length);
+  if (truncated) chart.append(el('p', { class: 'muted' }, 'The first ' + times.length + ' finished tasks read (of ' + THROUGHPUT_PAGES * 500 + ' listed).'));
+  return chart;
+}
+
 // ---------------------------------------------------------------- charts (inline SVG)
 
 function niceStep(range, ticks) {
@@ -771,7 +909,7 @@ function lineChart(series, options) {
   const py = (y) => height - bottom - y / yMax * (height - top - bottom);
   const root = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, width, height, role: 'img', 'aria-label': options.title || options.y, id: options.id || null });
   if (options.title) root.append(svg('title', null, options.title));
-  const yStep = niceStep(yMax, 6);
+  const yStep = options.integer ? Math.max(1, niceStep(yMax, 6)) : niceStep(yMax, 6);
   for (let y = 0; y <= yMax; y += yStep) {
     root.append(svg('line', { class: 'grid', x1: left, x2: width - right, y1: py(y), y2: py(y) }),
       svg('text', { x: left - 6, y: py(y) + 4, 'text-anchor': 'end' }, String(Math.round(y))));
