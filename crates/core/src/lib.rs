@@ -1,6 +1,7 @@
 //! The pure core of skillstate: skills, state, patches, validation, prompt rendering and token
 //! counting. No async, no network, no database; the only I/O is reading a skill directory.
 
+pub mod board;
 pub mod json;
 pub mod output;
 pub mod output_schema;

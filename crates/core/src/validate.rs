@@ -34,6 +34,10 @@ pub enum RejectionKind {
     StateBudget,
     UnknownTool,
     ToolArgs,
+    /// A board patch writes a location outside its skill's `[board] writes`.
+    OutsideWriteScope,
+    /// A board patch copies or tests a location outside its skill's `[board] reads`.
+    OutsideReadScope,
 }
 
 impl RejectionKind {
@@ -47,6 +51,8 @@ impl RejectionKind {
             RejectionKind::StateBudget => "state_budget",
             RejectionKind::UnknownTool => "unknown_tool",
             RejectionKind::ToolArgs => "tool_args",
+            RejectionKind::OutsideWriteScope => "outside_write_scope",
+            RejectionKind::OutsideReadScope => "outside_read_scope",
         }
     }
 }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::ranges::{SettingRange, check_ranges};
+use crate::board::{BoardScope, BoardTable, ScopeList};
 
 pub const DEFAULT_STATE_TOKENS: usize = 2000;
 pub const DEFAULT_OBSERVATION_TOKENS: usize = 1000;
@@ -18,6 +19,9 @@ pub struct SkillSettings {
     pub tools: ToolSelection,
     /// The world the skill acts on, when a built-in environment provides it.
     pub environment: Option<EnvironmentSettings>,
+    /// What the skill reads and may write on a board it is attached to (`[board]`, optional).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub board: Option<BoardScope>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,10 +181,56 @@ impl SkillSettings {
                 .map(|p| (Some((p.line, p.column)), p.message))
                 .collect());
         }
+        let problems = board_problems(text);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
         toml::from_str::<SkillSettings>(text).map_err(|error| {
             let position = error.span().map(|span| line_column(text, span.start));
             vec![(position, error.message().to_owned())]
         })
+    }
+}
+
+/// Every bad entry of the `[board]` table, located at its string (`board.reads[2]: ...`). A
+/// table of the wrong shape gives none here: the settings parser names the type it expected.
+fn board_problems(text: &str) -> Vec<SettingsProblem> {
+    use toml::de::{DeTable, DeValue};
+    let Ok(document) = DeTable::parse(text) else {
+        return Vec::new();
+    };
+    let Some(DeValue::Table(board)) = document.get_ref().get("board").map(|v| v.get_ref()) else {
+        return Vec::new();
+    };
+    let mut table = BoardTable::default();
+    let mut spans = Vec::new();
+    for (list, entries) in [
+        (ScopeList::Reads, &mut table.reads),
+        (ScopeList::Writes, &mut table.writes),
+    ] {
+        let Some(DeValue::Array(items)) = board.get(list.as_str()).map(|v| v.get_ref()) else {
+            continue;
+        };
+        for item in items {
+            let DeValue::String(entry) = item.get_ref() else {
+                return Vec::new();
+            };
+            entries.push(entry.to_string());
+            spans.push((list, entries.len() - 1, item.span().start));
+        }
+    }
+    match BoardScope::parse(&table) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems
+            .into_iter()
+            .map(|problem| {
+                let position = spans
+                    .iter()
+                    .find(|(list, index, _)| *list == problem.list && *index == problem.index)
+                    .map(|(_, _, start)| line_column(text, *start));
+                (position, format!("[board] {problem}"))
+            })
+            .collect(),
     }
 }
 
@@ -237,6 +287,43 @@ mod tests {
                 .contains("[run] max_retries = 4294967295 is out of range")
         );
         assert!(problems[1].1.contains("from 0 to 100"));
+    }
+
+    #[test]
+    fn the_board_table_is_optional_and_checked_where_written() {
+        assert_eq!(SkillSettings::from_toml("").unwrap().board, None);
+        let s = SkillSettings::from_toml(
+            "[board]\nreads = [\"/plan\", \"/frontend\"]\nwrites = [\"/frontend\"]\n",
+        )
+        .unwrap();
+        let board = s.board.unwrap();
+        assert_eq!(board.reads.len(), 2);
+        assert_eq!(board.writes[0].to_string(), "/frontend");
+        let text = "[board]\nreads = [\"/plan\",\n  \"api\"]\nwrites = [\"/frontend\"]\n";
+        let problems = SkillSettings::from_toml(text).unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems[0].0, Some((3, 3)));
+        assert!(
+            problems[0].1.starts_with("[board] board.reads[1]: "),
+            "{}",
+            problems[0].1
+        );
+        assert_eq!(problems[1].0, Some((4, 11)));
+        assert!(
+            problems[1].1.contains("board.writes[0]"),
+            "{}",
+            problems[1].1
+        );
+        let problems = SkillSettings::from_toml("[board]\nread = []\n").unwrap_err();
+        assert!(problems[0].1.contains("read"), "{problems:?}");
+    }
+
+    #[test]
+    fn stored_settings_without_a_board_still_load() {
+        let stored = serde_json::to_value(SkillSettings::default()).unwrap();
+        assert!(stored.get("board").is_none());
+        let back: SkillSettings = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, SkillSettings::default());
     }
 
     /// Guards the class: a numeric setting added later without a range fails here.
