@@ -84,8 +84,10 @@ impl StatePatch {
         let mut next = state.clone();
         match self {
             StatePatch::Merge(map) => json_patch::merge(&mut next, &Value::Object(map.clone())),
+            // Applied without json-patch's undo log: the copy is dropped on failure anyway,
+            // and its undo of some failed patches panics ("unable to undo applied patches").
             StatePatch::Json(patch) => {
-                json_patch::patch(&mut next, patch).map_err(|error| PatchProblem {
+                json_patch::patch_unsafe(&mut next, patch).map_err(|error| PatchProblem {
                     pointer: error.path.to_string(),
                     message: format!(
                         "JSON Patch operation {} failed: {}",
@@ -216,6 +218,20 @@ mod tests {
         assert_eq!(err.pointer, "/missing");
         assert!(err.message.contains("operation 1"));
         assert_eq!(state, json!({"list": [1, 2]}));
+    }
+
+    #[test]
+    fn a_failing_patch_whose_undo_would_fail_is_an_error_not_a_panic() {
+        let state = json!({"a": [{}, []]});
+        let patch = StatePatch::from_value(&json!([
+            {"op": "move", "from": "/a/0", "path": "/a"},
+            {"op": "remove", "path": "/a"},
+            {"op": "add", "path": "/a/a", "value": null}
+        ]))
+        .unwrap();
+        let err = patch.apply(&state).unwrap_err();
+        assert_eq!(err.pointer, "/a/a");
+        assert_eq!(state, json!({"a": [{}, []]}));
     }
 
     #[test]
