@@ -61,10 +61,14 @@ fn check_merge(
             (Value::Object(_), Some(other)) if leads_to_write => out.push(outside_writes(
                 &pointer,
                 scope,
-                &format!(
-                    "; it holds {}, which a merge would replace with an object, so write only the locations inside it that this skill owns with a JSON Patch, or ask the owner of {pointer} to make it an object",
-                    crate::patch::type_name(other)
-                ),
+                &if other.is_array() {
+                    "; it holds an array, which merging an object into would replace: change the elements this skill owns with a JSON Patch `replace` instead".to_owned()
+                } else {
+                    format!(
+                        "; it holds {}, which merging an object into would replace, and it is not this skill's to replace",
+                        crate::patch::type_name(other)
+                    )
+                },
             )),
             _ => out.push(outside_writes(&pointer, scope, "")),
         }
@@ -198,6 +202,14 @@ mod tests {
             &s,
         );
         assert_eq!(rejections, [(write, "/a/b".into())]);
+        let patch = StatePatch::from_value(&json!({"a": {"0": 1}})).unwrap();
+        let s = scope(&["/a"], &["/a/0"]);
+        let rejections = check_writes(&patch, &json!({"a": [5]}), &s).unwrap_err();
+        assert!(
+            rejections[0].message.contains("JSON Patch `replace`"),
+            "{}",
+            rejections[0]
+        );
     }
 
     #[test]

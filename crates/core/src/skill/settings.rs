@@ -228,7 +228,7 @@ fn board_problems(text: &str) -> Vec<SettingsProblem> {
                     .iter()
                     .find(|(list, index, _)| *list == problem.list && *index == problem.index)
                     .map(|(_, _, start)| line_column(text, *start));
-                (position, format!("[board] {problem}"))
+                (position, problem.to_string())
             })
             .collect(),
     }
@@ -304,7 +304,9 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert_eq!(problems[0].0, Some((3, 3)));
         assert!(
-            problems[0].1.starts_with("[board] board.reads[1]: "),
+            problems[0]
+                .1
+                .starts_with("board.reads[1]: \"api\" is not a JSON pointer"),
             "{}",
             problems[0].1
         );
