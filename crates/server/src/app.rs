@@ -168,7 +168,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/tasks/{id}/cancel", post(tasks::cancel_task))
         .route(
-            "/v1/tasks/{id}/state",
+            crate::auth::STATE_ROUTE,
             get(state::get_state).patch(state::patch_state),
         )
         .route("/v1/tasks/{id}/steps", get(journal::list_steps))

@@ -6,14 +6,17 @@
 //! all four, so a caller learns nothing about keys it does not hold). The key's tenant goes into
 //! the request's extensions as a [`Caller`]; routes show a tenant only its own tasks.
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use skillstate_store::TaskState;
+
 use crate::app::AppState;
 use crate::problem::ApiError;
+use crate::routes::is_task_id;
 
 /// Who is calling: the tenant and key of the request's API key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +52,12 @@ pub fn hash_secret(secret: &str) -> String {
     hex
 }
 
+/// A task's state read with the caller's key (the state routes read both on every request,
+/// and the store reads them in one go): only ever inserted for a request whose key is valid,
+/// and still subject to the route's tenant check.
+#[derive(Debug, Clone)]
+pub struct KeyedState(pub TaskState);
+
 /// The middleware of every /v1 route.
 pub async fn require_key(
     State(state): State<AppState>,
@@ -56,16 +65,43 @@ pub async fn require_key(
     next: Next,
 ) -> Response {
     let header = request.headers().get(header::AUTHORIZATION).cloned();
-    match authenticate(&state, header.as_ref()).await {
-        Ok(caller) => {
+    let task = state_route_task(&request);
+    match authenticate(&state, header.as_ref(), task.as_deref()).await {
+        Ok((caller, keyed)) => {
             request.extensions_mut().insert(caller);
+            if let Some(keyed) = keyed {
+                request.extensions_mut().insert(keyed);
+            }
             next.run(request).await
         }
         Err(error) => error.into_response(),
     }
 }
 
-async fn authenticate(state: &AppState, header: Option<&HeaderValue>) -> Result<Caller, ApiError> {
+/// The task of a request to `/v1/tasks/{id}/state` with a well-formed full id.
+fn state_route_task(request: &Request) -> Option<String> {
+    let route = request.extensions().get::<MatchedPath>()?;
+    if route.as_str() != STATE_ROUTE {
+        return None;
+    }
+    let id = request
+        .uri()
+        .path()
+        .strip_prefix("/v1/tasks/")?
+        .strip_suffix("/state")?;
+    is_task_id(id).then(|| id.to_owned())
+}
+
+/// The state routes' template, as the router matches it.
+pub(crate) const STATE_ROUTE: &str = "/v1/tasks/{id}/state";
+
+/// The caller of a request with `header`, and the state of `task` when one was named (read
+/// with the key, handed on only when the key is valid).
+async fn authenticate(
+    state: &AppState,
+    header: Option<&HeaderValue>,
+    task: Option<&str>,
+) -> Result<(Caller, Option<KeyedState>), ApiError> {
     let unauthorized = |detail: &str| ApiError::Unauthorized {
         detail: detail.to_owned(),
     };
@@ -79,12 +115,23 @@ async fn authenticate(state: &AppState, header: Option<&HeaderValue>) -> Result<
         .ok()
         .and_then(bearer_token)
         .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <key>`"))?;
-    let key = state.store.key_by_hash(&hash_secret(secret)).await?;
+    let hash = hash_secret(secret);
+    let (key, keyed) = match task {
+        Some(task) => {
+            let (key, read) = state.store.key_and_task_state(&hash, task).await;
+            // A failed read of the task is the route's to make and report.
+            (key?, read.ok().map(KeyedState))
+        }
+        None => (state.store.key_by_hash(&hash).await?, None),
+    };
     match key {
-        Some(key) if key.revoked_at.is_none() => Ok(Caller {
-            tenant: key.tenant,
-            key_id: key.id,
-        }),
+        Some(key) if key.revoked_at.is_none() => Ok((
+            Caller {
+                tenant: key.tenant,
+                key_id: key.id,
+            },
+            keyed,
+        )),
         _ => Err(unauthorized(
             "the API key is unknown or revoked; ask for a valid key (`skillstate keys list` shows which are valid)",
         )),

@@ -18,7 +18,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 
 use crate::Result;
-use crate::model::{NewTask, TaskRecord, TaskStatus, TaskSummary};
+use crate::model::{NewTask, TaskRecord, TaskState, TaskStatus, TaskSummary};
 use crate::queue::BatchRecord;
 
 /// An API key about to be stored. Only a hash of its secret is ever stored; the secret is
@@ -54,6 +54,15 @@ pub trait Keys: Send + Sync {
     /// The key whose secret hashes to `secret_hash`, revoked or not; `None` when there is
     /// none.
     async fn key_by_hash(&self, secret_hash: &str) -> Result<Option<KeyRecord>>;
+    /// [`Keys::key_by_hash`] of `secret_hash` and `Tasks::task_state` of `task`, read
+    /// together where the backend can (SQLite: in one read transaction) — what the service's
+    /// state routes read on every request. The task is read whatever the key, so the caller
+    /// must check the key before it uses or reveals anything of the task.
+    async fn key_and_task_state(
+        &self,
+        secret_hash: &str,
+        task: &str,
+    ) -> (Result<Option<KeyRecord>>, Result<TaskState>);
     /// Every key (of `tenant` when given), oldest first.
     async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>>;
     /// Revokes the key named by full id or unique id prefix and returns it. Revoking a revoked

@@ -12,7 +12,7 @@ use skillstate_store::{StoreError, TaskState};
 
 use super::is_task_id;
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, KeyedState};
 use crate::json::{parse_body, read_body};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, shown_state};
@@ -60,10 +60,11 @@ pub(crate) fn matches_etag(header: &str, etag: &str) -> bool {
 pub async fn get_state(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    keyed: Option<Extension<KeyedState>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let task = owned_state(&state, &caller, &id).await?;
+    let task = owned_state(&state, &caller, &id, keyed).await?;
     let tag = etag(task.version);
     let unchanged = headers
         .get(header::IF_NONE_MATCH)
@@ -82,12 +83,22 @@ pub async fn get_state(
 
 /// The state of task `id` if the caller's tenant owns it; a missing task, a malformed id and
 /// another tenant's task (or one created outside the service) are the same 404, as for
-/// `owned_task`. Reads only what the state routes need of the task.
-async fn owned_state(state: &AppState, caller: &Caller, id: &str) -> Result<TaskState, ApiError> {
+/// `owned_task`. Reads only what the state routes need of the task, and nothing when the key
+/// check read it already (`keyed`).
+async fn owned_state(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    keyed: Option<Extension<KeyedState>>,
+) -> Result<TaskState, ApiError> {
     if !is_task_id(id) {
         return Err(ApiError::no_task(id));
     }
-    let task = match state.store.task_state(id).await {
+    let read = match keyed {
+        Some(Extension(KeyedState(task))) if task.id == id => Ok(task),
+        _ => state.store.task_state(id).await,
+    };
+    let task = match read {
         Ok(task) => task,
         Err(StoreError::NotFound(_)) => return Err(ApiError::no_task(id)),
         Err(other) => return Err(other.into()),
@@ -175,10 +186,11 @@ fn if_match_version(headers: &HeaderMap) -> Result<u64, ApiError> {
 pub async fn patch_state(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    keyed: Option<Extension<KeyedState>>,
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let task = owned_state(&state, &caller, &id).await?;
+    let task = owned_state(&state, &caller, &id, keyed).await?;
     let if_match = if_match_version(request.headers())?;
     let content_type = request
         .headers()

@@ -7,7 +7,7 @@ use sqlx::AssertSqlSafe;
 
 use super::PostgresStore;
 use super::tasks::insert_task;
-use crate::model::{NewTask, TaskRecord, TaskSummary};
+use crate::model::{NewTask, TaskRecord, TaskState, TaskSummary};
 use crate::rows::{summary_from_row, to_json};
 use crate::service::*;
 use crate::service_rows::{KEY_COLUMNS, is_id_prefix, key_from_row, page_limit};
@@ -101,6 +101,17 @@ impl Keys for PostgresStore {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(key_from_row).transpose()
+    }
+
+    async fn key_and_task_state(
+        &self,
+        secret_hash: &str,
+        task: &str,
+    ) -> (Result<Option<KeyRecord>>, Result<TaskState>) {
+        (
+            self.key_by_hash(secret_hash).await,
+            self.task_state(task).await,
+        )
     }
 
     async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {

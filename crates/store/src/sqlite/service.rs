@@ -16,7 +16,7 @@ use super::ops::{Reply, Write};
 use super::ops_keys::{NewKey as NewKeyWrite, RevokeKey};
 use super::ops_tasks::{OwnedTask, TaskRow};
 use super::queue::unexpected;
-use crate::model::{NewTask, TaskRecord, TaskSummary};
+use crate::model::{NewTask, TaskRecord, TaskState, TaskSummary};
 use crate::rows::{summary_from_row, to_json};
 use crate::service::*;
 use crate::service_rows::{
@@ -101,6 +101,28 @@ impl Keys for SqliteStore {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(key_from_row).transpose()
+    }
+
+    async fn key_and_task_state(
+        &self,
+        secret_hash: &str,
+        task: &str,
+    ) -> (Result<Option<KeyRecord>>, Result<TaskState>) {
+        let (key, state) = self.readers.together(|| {
+            (
+                self.readers.key_by_hash(secret_hash),
+                self.readers.task_state(task),
+            )
+        });
+        let key = match key {
+            Some(key) => key,
+            None => self.key_by_hash(secret_hash).await,
+        };
+        let state = match state {
+            Some(state) => state,
+            None => self.task_state(task).await,
+        };
+        (key, state)
     }
 
     async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {

@@ -177,6 +177,53 @@ async fn api_keys_are_found_by_hash_listed_per_tenant_and_revoked_once() -> anyh
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_and_a_task_state_read_together_are_what_each_read_alone_gives() -> anyhow::Result<()>
+{
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let key = store
+            .create_key(&new_key("acme", "ci", &hash(1), None))
+            .await?;
+        let task = store.create_task(new_task(), &json!({"a": 1})).await?;
+        let alone = store.task_state(&task.id).await?;
+
+        let (found, state) = store.key_and_task_state(&hash(1), &task.id).await;
+        assert_eq!(found?, Some(key.clone()));
+        assert_eq!(state?, alone);
+
+        // Either part missing is reported for that part alone.
+        let (found, state) = store.key_and_task_state(&hash(9), &task.id).await;
+        assert_eq!(found?, None);
+        assert_eq!(state?, alone);
+        let missing = "01a23034-893e-71f5-b245-1589c83ce626";
+        let (found, state) = store.key_and_task_state(&hash(1), missing).await;
+        assert_eq!(found?, Some(key.clone()));
+        assert!(matches!(state, Err(StoreError::NotFound(_))), "{state:?}");
+
+        // A revocation and a state write are seen by the very next read together: nothing of
+        // an earlier read transaction is kept.
+        let revoked = store.revoke_key(&key.id).await?;
+        store
+            .commit_step(
+                &task.id,
+                alone.version,
+                &step_commit(alone.version + 1, &json!({"a": 2}), json!({"a": 2}), false),
+            )
+            .await?;
+        let (found, state) = store.key_and_task_state(&hash(1), &task.id).await;
+        assert_eq!(found?, Some(revoked));
+        let state = state?;
+        assert_eq!(
+            (state.version, &state.state),
+            (alone.version + 1, &json!({"a": 2}))
+        );
+        assert_eq!(state, store.task_state(&task.id).await?);
+        Ok(())
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tenancy
 
