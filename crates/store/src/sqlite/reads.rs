@@ -105,7 +105,11 @@ impl Readers {
         let Some(conn) = (!nested).then(|| self.checkout()).flatten() else {
             return reads();
         };
-        if conn.execute_batch("BEGIN").is_err() {
+        if conn
+            .prepare_cached("BEGIN")
+            .and_then(|mut begin| begin.execute([]))
+            .is_err()
+        {
             self.check_in(conn);
             return reads();
         }
@@ -117,7 +121,9 @@ impl Readers {
             fn drop(&mut self) {
                 if let Some((_, conn)) = HELD.take() {
                     // A failed COMMIT leaves the connection in its transaction: it is dropped.
-                    let _ = conn.execute_batch("COMMIT");
+                    let _ = conn
+                        .prepare_cached("COMMIT")
+                        .and_then(|mut commit| commit.execute([]));
                     self.0.check_in(conn);
                 }
             }
