@@ -149,11 +149,14 @@ fn open(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
 }
 
 fn run(conn: &Connection, nudged: &Receiver<()>, turn: &Mutex<()>) {
+    let mut pending = false;
     loop {
-        match nudged.recv_timeout(Duration::from_secs(60)) {
-            // Idle or nudged: a checkpoint costs nothing when the log was all copied.
-            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+        if !pending {
+            match nudged.recv_timeout(Duration::from_secs(60)) {
+                // Idle or nudged: a checkpoint costs nothing when the log was all copied.
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
         }
         let passive = {
             let _turn = turn.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,7 +172,21 @@ fn run(conn: &Connection, nudged: &Receiver<()>, turn: &Mutex<()>) {
                 tracing::debug!(%error, "SQLite checkpoint did not complete");
             }
         }
-        std::thread::sleep(GAP);
+        // The gap before the next run; nudges in it fold into that run, and a store that
+        // closes meanwhile ends the thread at once (its connection closes with it).
+        pending = false;
+        let until = std::time::Instant::now() + GAP;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match nudged.recv_timeout(left) {
+                Ok(()) => pending = true,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
     }
 }
 
