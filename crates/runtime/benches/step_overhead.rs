@@ -120,6 +120,7 @@ fn bench(c: &mut Criterion) {
                             latency_ms: 0,
                             created_at: 0,
                             author: None,
+                            board_version: None,
                         },
                         new_state: accepted.new_state.clone(),
                         intent: Some(NewIntent {

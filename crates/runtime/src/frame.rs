@@ -7,15 +7,17 @@ use std::sync::Arc;
 use serde_json::Value;
 use skillstate_core::prompt::Turn;
 use skillstate_core::{
-    Action, ContextStrategy, Prompt, PromptInput, Rejection, Skill, ToolCatalog, render,
+    Action, ContextStrategy, Prompt, PromptInput, Rejection, Skill, ToolCatalog, ToolSpec, render,
     step_output_schema,
 };
 use skillstate_store::{JournalEntry, Store, TaskRecord, Verdict, state_at};
 
 use crate::RuntimeError;
 
-/// What every prompt of a task is rendered from, besides the per-step inputs.
-pub(crate) struct TaskFrame {
+/// What every prompt of a task is rendered from, besides the per-step inputs. Public so that
+/// an embedding (the Python package) renders prompts and checks answers with the runner's own
+/// frame.
+pub struct TaskFrame {
     pub(crate) skill: Skill,
     pub(crate) catalog: ToolCatalog,
     read_only: Vec<String>,
@@ -33,20 +35,46 @@ impl TaskFrame {
                 message,
             }
         })?;
-        let catalog = ToolCatalog::new(task.tools.clone())?;
+        Self::for_skill(skill, task.tools.clone(), task.context, task.context_budget)
+    }
+
+    /// The frame a task of `skill` offered `tools` (in presentation order; the control actions
+    /// are added) would run with.
+    pub fn for_skill(
+        skill: Skill,
+        tools: Vec<ToolSpec>,
+        context: ContextStrategy,
+        context_budget: Option<usize>,
+    ) -> Result<Self, RuntimeError> {
+        let catalog = ToolCatalog::new(tools)?;
         let read_only = skill.schema.declared_read_only_properties();
         let output_schema = Arc::new(step_output_schema(&skill.schema, catalog.specs()));
         Ok(Self {
             skill,
             catalog,
             read_only,
-            context: task.context,
-            context_budget: task.context_budget,
+            context,
+            context_budget,
             output_schema,
         })
     }
 
-    pub(crate) fn prompt(
+    pub fn skill(&self) -> &Skill {
+        &self.skill
+    }
+
+    /// The tools offered, control actions last.
+    pub fn catalog(&self) -> &ToolCatalog {
+        &self.catalog
+    }
+
+    /// The JSON Schema of a whole step answer (what constrained decoding uses).
+    pub fn output_schema(&self) -> &Arc<Value> {
+        &self.output_schema
+    }
+
+    /// The prompt of a step: the one function every runner and every rebuilt prompt uses.
+    pub fn prompt(
         &self,
         state: &Value,
         observation: &str,

@@ -18,7 +18,7 @@ mod step_loop;
 mod worker;
 
 pub use error::RuntimeError;
-pub use frame::rebuild_prompt;
+pub use frame::{TaskFrame, rebuild_prompt};
 pub use lease::LeasePolicy;
 pub use lineage::{JournalCheck, fork_task, verify_journal};
 pub use rate::SharedRateLimit;

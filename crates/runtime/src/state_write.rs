@@ -314,6 +314,7 @@ async fn prepare(
                 latency_ms: 0,
                 created_at: now_millis(),
                 author: Some(write.author.to_owned()),
+                board_version: None,
             },
             new_state: accepted.new_state,
             intent: None,

@@ -570,6 +570,7 @@ impl<'a> Runner<'a> {
                 latency_ms,
                 created_at: now_millis(),
                 author: None,
+                board_version: None,
             };
             match verdict {
                 Err(rejected) => {

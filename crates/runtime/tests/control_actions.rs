@@ -272,6 +272,7 @@ async fn crash_after_commit(
             latency_ms: 0,
             created_at: 0,
             author: None,
+            board_version: None,
         },
         new_state: json!({"notes": []}),
         intent: Some(skillstate_store::NewIntent {

@@ -96,6 +96,7 @@ fn commit_for(task: &str, step: u64, stored: &Value, shipped: &Value) -> StepCom
             latency_ms: 900,
             created_at: 0,
             author: None,
+            board_version: None,
         },
         new_state: new_state.clone(),
         intent: Some(NewIntent {

@@ -85,6 +85,24 @@ pub enum StoreError {
         "`{0}` is not an event position of this store; pass back the `position` (the SSE `id`) of an event it returned, or none to read from the first event"
     )]
     BadEventPosition(String),
+    #[error("no board matches `{0}`; list boards with `skillstate board list`")]
+    NoSuchBoard(String),
+    #[error("a board named `{name}` already exists; choose another name or use that board")]
+    BoardExists { name: String },
+    #[error(
+        "board {board} is at version {actual}, not {expected}: another writer committed first; read the board again and rebase or retry"
+    )]
+    BoardMoved {
+        board: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("task {task} is attached to board {attached}, not {board}; a task belongs to one board")]
+    AttachedElsewhere {
+        task: String,
+        board: String,
+        attached: String,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -8,6 +8,7 @@
 //! - the journal is append-only; time travel rebuilds states from patches and checks each
 //!   recorded hash.
 
+mod boards;
 mod error;
 mod history;
 mod inbox;
@@ -25,6 +26,9 @@ mod traits;
 
 use std::sync::Arc;
 
+pub use boards::{
+    BoardAuthor, BoardRecord, BoardSummary, BoardWrite, BoardWriteRecord, Boards, NewBoard,
+};
 pub use error::StoreError;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};

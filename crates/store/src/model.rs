@@ -160,6 +160,9 @@ pub struct JournalEntry {
     /// Who wrote this step: `None` = the model; an API key id for state written through the
     /// service.
     pub author: Option<String>,
+    /// For a task attached to a board: the board version its prompt showed (`Boards`), so the
+    /// attempt's exact prompt can be rebuilt; `None` for tasks without a board.
+    pub board_version: Option<u64>,
 }
 
 /// An action about to run; written in the same transaction as its step.

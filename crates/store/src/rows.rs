@@ -132,6 +132,7 @@ where
         latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,
         created_at: row.try_get("created_at")?,
         author: later_text_column(row, "author")?,
+        board_version: None,
     })
 }
 

@@ -281,6 +281,7 @@ fn accepted(step: u64, patch: &Value, hash: &str) -> JournalEntry {
         latency_ms: 0,
         created_at: 0,
         author: None,
+        board_version: None,
     }
 }
 
@@ -301,6 +302,7 @@ fn rejected(step: u64, attempt: u32) -> JournalEntry {
         latency_ms: 12,
         created_at: 1_700_000_000_000,
         author: None,
+        board_version: None,
     }
 }
 

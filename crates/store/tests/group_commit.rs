@@ -70,6 +70,7 @@ fn commit(task: &str, step: u64) -> StepCommit {
             latency_ms: 1,
             created_at: 0,
             author: None,
+            board_version: None,
         },
         new_state,
         intent: Some(NewIntent {

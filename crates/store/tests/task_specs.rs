@@ -135,6 +135,7 @@ fn state_write(step: u64, new_state: Value) -> StepCommit {
             latency_ms: 0,
             created_at: 0,
             author: Some("key-1".into()),
+            board_version: None,
         },
         new_state,
         intent: None,

@@ -384,6 +384,7 @@ fn rejected_with(step: u64, attempt: u32, kind: &str, usage: Value) -> JournalEn
         usage: Some(usage),
         created_at: 1_700_000_000_000 + i64::from(attempt),
         author: None,
+        board_version: None,
         ..rejected(step, attempt)
     }
 }
