@@ -1,6 +1,7 @@
 //! Benchmark environments (SkillExecBench-style; README, "The example skills" and "Reproducing the
 //! paper") and the registry that builds a skill's environment from its `[environment]` settings.
 
+pub mod admin_panel;
 pub mod noise;
 pub mod oracle;
 mod params;
@@ -14,7 +15,13 @@ use skillstate_core::{SideEffect, ToolSpec};
 use skillstate_tools::{Environment, EnvironmentError};
 
 /// Names of the built-in environments.
-pub const ENVIRONMENTS: &[&str] = &[warehouse::KIND, repository::KIND];
+pub const ENVIRONMENTS: &[&str] = &[warehouse::KIND, repository::KIND, admin_panel::KIND];
+
+/// Whether an environment opens its task with the user's request (`run --input`), which it
+/// receives as its `request` parameter.
+pub fn takes_request(kind: &str) -> bool {
+    kind == admin_panel::KIND
+}
 
 /// The drift scenarios an environment offers, by name.
 pub fn drift_scenarios(kind: &str) -> Vec<&'static str> {
@@ -34,6 +41,9 @@ pub fn build_environment(
         ))),
         repository::KIND => Ok(Box::new(repository::Repository::new(
             repository::RepositoryConfig::from_params(&settings.params)?,
+        ))),
+        admin_panel::KIND => Ok(Box::new(admin_panel::AdminPanel::new(
+            admin_panel::AdminPanelConfig::from_params(&settings.params)?,
         ))),
         other => Err(EnvironmentError::Config {
             kind: other.to_owned(),

@@ -1,5 +1,6 @@
 pub mod batch;
 pub mod bench;
+pub mod board;
 pub mod keys;
 pub mod lineage;
 pub mod run;
@@ -64,15 +65,34 @@ pub async fn world_for(
 ) -> Result<World> {
     match &skill.settings().environment {
         Some(settings) => {
-            if input.is_some() {
+            let takes_request = skillstate_envs::takes_request(&settings.kind);
+            if input.is_some() && !takes_request {
                 anyhow::bail!(
                     "skill `{}` runs in the `{}` environment, which supplies its own observations; drop --input",
                     skill.name(),
                     settings.kind
                 );
             }
-            let env =
-                skillstate_envs::build_environment(settings).context("skill.toml [environment]")?;
+            // An environment that opens with the user's request gets it as a parameter (its
+            // checkpoints carry it from then on).
+            let mut settings = settings.clone();
+            match input {
+                Some(request) => {
+                    settings
+                        .params
+                        .insert("request".into(), Value::String(request.to_owned()));
+                }
+                None if takes_request && !settings.params.contains_key("request") => {
+                    anyhow::bail!(
+                        "skill `{}` runs in the `{}` environment, which opens with the user's request: pass --input \"...\"",
+                        skill.name(),
+                        settings.kind
+                    );
+                }
+                None => {}
+            }
+            let env = skillstate_envs::build_environment(&settings)
+                .context("skill.toml [environment]")?;
             Ok(World { env, toolbox: None })
         }
         None => {

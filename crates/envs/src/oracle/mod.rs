@@ -3,6 +3,7 @@
 //! therefore measures how much task-relevant information a context strategy keeps in front of
 //! the model: an upper bound that a real model can only approach.
 
+mod admin_panel;
 mod repository;
 mod view;
 mod warehouse;
@@ -20,6 +21,7 @@ pub fn answer(kind: &str, prompt: &str) -> Option<String> {
     match kind {
         crate::warehouse::KIND => Some(warehouse::answer(prompt)),
         crate::repository::KIND => Some(repository::answer(prompt)),
+        crate::admin_panel::KIND => Some(admin_panel::answer(prompt)),
         _ => None,
     }
 }
@@ -30,6 +32,7 @@ pub fn answer(kind: &str, prompt: &str) -> Option<String> {
 enum Kind {
     Warehouse,
     Repository,
+    AdminPanel,
 }
 
 /// The oracle for one environment kind.
@@ -46,6 +49,9 @@ impl OracleModel {
             }),
             crate::repository::KIND => Ok(Self {
                 kind: Kind::Repository,
+            }),
+            crate::admin_panel::KIND => Ok(Self {
+                kind: Kind::AdminPanel,
             }),
             other => Err(ProviderError::UnknownSpec(format!(
                 "oracle (no oracle policy for the `{other}` environment; it exists for: {})",
@@ -67,6 +73,7 @@ impl ModelProvider for OracleModel {
         let text = match self.kind {
             Kind::Warehouse => warehouse::answer(&prompt),
             Kind::Repository => repository::answer(&prompt),
+            Kind::AdminPanel => admin_panel::answer(&prompt),
         };
         Ok(ModelResponse {
             text,
