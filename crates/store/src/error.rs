@@ -103,6 +103,22 @@ pub enum StoreError {
         board: String,
         attached: String,
     },
+    #[error(
+        "`{name}` cannot name a board: {reason}; board names use letters, digits, `-`, `_` and `.`, at most 100 characters"
+    )]
+    BadBoardName { name: String, reason: String },
+    #[error("board {board}: version {version} does not exist (the board has {current} writes)")]
+    NoSuchBoardVersion {
+        board: String,
+        version: u64,
+        current: u64,
+    },
+    #[error("board {board}: the journal is inconsistent at version {version}: {message}")]
+    BoardCorrupt {
+        board: String,
+        version: u64,
+        message: String,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -8,7 +8,9 @@
 //! - the journal is append-only; time travel rebuilds states from patches and checks each
 //!   recorded hash.
 
+mod board_rows;
 mod boards;
+mod boards_history;
 mod error;
 mod history;
 mod inbox;
@@ -29,6 +31,7 @@ use std::sync::Arc;
 pub use boards::{
     BoardAuthor, BoardRecord, BoardSummary, BoardWrite, BoardWriteRecord, Boards, NewBoard,
 };
+pub use boards_history::board_state_at;
 pub use error::StoreError;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};
@@ -43,6 +46,7 @@ pub use traits::{Journal, Leases, StorageStats, Store, Tasks};
 /// `use skillstate_store::prelude::*;`. Imported anonymously, so no name clashes with the
 /// caller's own.
 pub mod prelude {
+    pub use crate::boards::Boards as _;
     pub use crate::inbox::Inbox as _;
     pub use crate::queue::Queue as _;
     pub use crate::service::{Events as _, Keys as _, Tenancy as _};

@@ -48,6 +48,11 @@ pub const SQLITE: &[Migration] = &[
         name: "task_specs",
         sql: include_str!("../migrations/sqlite/0007_task_specs.sql"),
     },
+    Migration {
+        version: 8,
+        name: "boards",
+        sql: include_str!("../migrations/sqlite/0008_boards.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -85,6 +90,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 7,
         name: "claim_by_batch",
         sql: include_str!("../migrations/postgres/0007_claim_by_batch.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "boards",
+        sql: include_str!("../migrations/postgres/0008_boards.sql"),
     },
 ];
 

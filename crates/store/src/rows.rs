@@ -40,6 +40,19 @@ where
     }
 }
 
+/// A nullable integer column added by a later migration: `None` also when the column is not
+/// there (read-only opens of older schemas).
+pub(crate) fn later_int_column<R: Row>(row: &R, column: &str) -> Result<Option<i64>>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    match row.try_get::<Option<i64>, _>(column) {
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        other => Ok(other?),
+    }
+}
+
 /// A task's `labels` column: `{}` when NULL (a task created without labels) or JSON `null`; an
 /// error naming the column for text that is not a JSON object.
 pub(crate) fn labels_of(text: Option<&str>) -> Result<Map<String, Value>> {
@@ -132,7 +145,8 @@ where
         latency_ms: row.try_get::<i64, _>("latency_ms")? as u64,
         created_at: row.try_get("created_at")?,
         author: later_text_column(row, "author")?,
-        board_version: None,
+        // Came with schema 8.
+        board_version: later_int_column(row, "board_version")?.map(|v| v.max(0) as u64),
     })
 }
 

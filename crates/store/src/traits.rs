@@ -9,20 +9,22 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::Result;
+use crate::boards::Boards;
 use crate::inbox::Inbox;
 use crate::model::*;
 use crate::queue::Queue;
 use crate::service::{Events, Keys, Tenancy};
 
-/// Everything a backend offers: tasks, their journal, execution leases, the work queue, and
-/// what the HTTP service needs (API keys, tenants, events).
+/// Everything a backend offers: tasks, their journal, execution leases, the work queue, what
+/// the HTTP service needs (API keys, tenants, events), and boards shared by several tasks.
 pub trait Store:
-    Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Send + Sync
+    Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Send + Sync
 {
 }
 
-impl<T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Send + Sync> Store
-    for T
+impl<
+    T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Send + Sync,
+> Store for T
 {
 }
 

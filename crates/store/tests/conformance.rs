@@ -10,6 +10,9 @@
 #[path = "../../../test-support/skip.rs"]
 mod skip;
 
+#[path = "conformance/boards.rs"]
+mod boards;
+
 #[path = "conformance/inbox.rs"]
 mod inbox;
 
@@ -1325,8 +1328,8 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 7,
-        Backend::Postgres => 7,
+        Backend::Sqlite => 8,
+        Backend::Postgres => 8,
     }
 }
 

@@ -37,7 +37,7 @@ async fn insert_entry(
     entry: &JournalEntry,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author, board_version) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
     )
     .bind(task)
     .bind(entry.step as i64)
@@ -55,6 +55,7 @@ async fn insert_entry(
     .bind(entry.latency_ms as i64)
     .bind(entry.created_at)
     .bind(&entry.author)
+    .bind(entry.board_version.and_then(|v| i64::try_from(v).ok()))
     .execute(conn)
     .await?;
     Ok(())

@@ -17,6 +17,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 use crate::migrate::{check_postgres, migrate_postgres};
 use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
+mod boards;
 mod events;
 mod inbox;
 mod journal;

@@ -174,8 +174,8 @@ impl Tasks for PostgresStore {
         .execute(&mut *tx)
         .await?;
         for sql in [
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author) \
-             SELECT $1, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author FROM journal WHERE task_id = $2 AND step <= $3",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author, board_version) \
+             SELECT $1, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author, board_version FROM journal WHERE task_id = $2 AND step <= $3",
             "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at) \
              SELECT $1, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = $2 AND step <= $3",
             "INSERT INTO snapshots (task_id, step, state, state_hash) \

@@ -14,11 +14,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use crate::migrate::{check_sqlite, migrate_sqlite};
 use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
+mod boards;
 mod checkpoint;
 mod inbox;
 mod journal;
 mod leases;
 mod ops;
+mod ops_boards;
 mod ops_keys;
 mod ops_queue;
 mod ops_state;

@@ -2,11 +2,13 @@
 //! JSON column already serialised by the caller, so the writer only runs SQL: new tasks
 //! (`ops_tasks.rs`), steps, rejections, tool results and statuses with their events
 //! (`ops_steps.rs`), steps written from outside a runner (`ops_state.rs`), lease heartbeats
-//! and releases, claims, settles and rate windows (`ops_queue.rs`), API keys (`ops_keys.rs`).
+//! and releases, claims, settles and rate windows (`ops_queue.rs`), API keys (`ops_keys.rs`),
+//! boards and a step with its board write (`ops_boards.rs`).
 //! Each runs inside the transaction the writer opened, on the writer's own connection.
 
 use rusqlite::Connection;
 
+use super::ops_boards::{Attach, BoardWriteOp, DeleteBoard, NewBoardWrite, StepWithBoard};
 use super::ops_keys::{NewKey, RevokeKey};
 use super::ops_queue::{Claim, Rate, RateTokens, Release, Renew, Settle};
 use super::ops_state::UnleasedStep;
@@ -34,6 +36,11 @@ pub(super) enum Write {
     RateTokens(RateTokens),
     NewKey(NewKey),
     RevokeKey(RevokeKey),
+    NewBoard(NewBoardWrite),
+    OnBoard(BoardWriteOp),
+    StepWithBoard(StepWithBoard),
+    Attach(Attach),
+    DeleteBoard(DeleteBoard),
 }
 
 /// What a write answers besides success.
@@ -105,6 +112,11 @@ impl Write {
             Write::RateTokens(write) => write.run(conn).map(|()| Reply::Done),
             Write::NewKey(write) => write.run(conn).map(|()| Reply::Done),
             Write::RevokeKey(write) => write.run(conn).map(|()| Reply::Done),
+            Write::NewBoard(write) => write.run(conn).map(|()| Reply::Done),
+            Write::OnBoard(write) => write.run(conn).map(|()| Reply::Done),
+            Write::StepWithBoard(write) => write.run(conn).map(|()| Reply::Done),
+            Write::Attach(write) => write.run(conn).map(|()| Reply::Done),
+            Write::DeleteBoard(write) => write.run(conn).map(|()| Reply::Done),
         };
         let end = match result {
             Ok(_) => run_cached(conn, "RELEASE one"),

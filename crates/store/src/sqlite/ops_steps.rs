@@ -55,6 +55,7 @@ pub(super) struct EntryRow {
     latency_ms: i64,
     created_at: i64,
     author: Option<String>,
+    board_version: Option<i64>,
 }
 
 impl EntryRow {
@@ -75,13 +76,14 @@ impl EntryRow {
             latency_ms: entry.latency_ms as i64,
             created_at: entry.created_at,
             author: entry.author.clone(),
+            board_version: entry.board_version.and_then(|v| i64::try_from(v).ok()),
         }
     }
 
     fn insert(&self, conn: &Connection, task: &str) -> rusqlite::Result<()> {
         conn.prepare_cached(
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author, board_version) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )?
         .execute(params![
             task,
@@ -100,6 +102,7 @@ impl EntryRow {
             self.latency_ms,
             self.created_at,
             self.author,
+            self.board_version,
         ])?;
         Ok(())
     }

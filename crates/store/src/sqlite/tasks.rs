@@ -112,7 +112,7 @@ impl Tasks for SqliteStore {
             });
         }
         for sql in [
-            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens, author) SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens, author FROM journal WHERE task_id = ? AND step <= ?",
+            "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens, author, board_version) SELECT ?, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, prompt_hash, usage, latency_ms, created_at, output_tokens, author, board_version FROM journal WHERE task_id = ? AND step <= ?",
             "INSERT INTO intents SELECT ?, step, tool, args, idempotency_key, side_effect, status, ok, result, created_at, finished_at FROM intents WHERE task_id = ? AND step <= ?",
             "INSERT INTO snapshots SELECT ?, step, state, state_hash FROM snapshots WHERE task_id = ? AND step <= ?",
         ] {

@@ -81,7 +81,11 @@ async fn boards_are_found_by_id_and_by_name_per_tenant() -> anyhow::Result<()> {
                 other => bail!("name {bad:?}: {other:?}"),
             }
         }
-        for missing in ["nope", "0190a000-0000-7000-8000-000000000000", &first.id[..8]] {
+        for missing in [
+            "nope",
+            "0190a000-0000-7000-8000-000000000000",
+            &first.id[..8],
+        ] {
             assert!(matches!(
                 store.board(missing, None).await,
                 Err(StoreError::NoSuchBoard(_))
@@ -98,7 +102,11 @@ async fn boards_are_found_by_id_and_by_name_per_tenant() -> anyhow::Result<()> {
         let listed = store.list_boards(Some("acme")).await?;
         assert_eq!(listed.len(), 1);
         assert_eq!(
-            (listed[0].id.as_str(), listed[0].name.as_str(), listed[0].version),
+            (
+                listed[0].id.as_str(),
+                listed[0].name.as_str(),
+                listed[0].version
+            ),
             (acme.id.as_str(), "release-42", 0)
         );
         assert_eq!(listed[0].members, 0);
@@ -271,7 +279,11 @@ async fn a_step_and_its_board_write_commit_together_or_not_at_all() -> anyhow::R
         // A step of a task without a board journals no board version.
         let plain = store.create_task(new_task(), &json!({})).await?;
         store
-            .commit_step(&plain.id, 0, &step_commit(1, &json!({}), json!({"a": 1}), false))
+            .commit_step(
+                &plain.id,
+                0,
+                &step_commit(1, &json!({}), json!({"a": 1}), false),
+            )
             .await?;
         assert_eq!(store.journal(&plain.id).await?[0].board_version, None);
         Ok(())
@@ -283,8 +295,12 @@ async fn a_step_and_its_board_write_commit_together_or_not_at_all() -> anyhow::R
 async fn a_task_belongs_to_one_board_and_deletes_cascade() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
         let store = db.open().await?;
-        let one = store.create_board(new_board("one", None, json!({}))).await?;
-        let two = store.create_board(new_board("two", None, json!({}))).await?;
+        let one = store
+            .create_board(new_board("one", None, json!({})))
+            .await?;
+        let two = store
+            .create_board(new_board("two", None, json!({})))
+            .await?;
         let mut tasks = Vec::new();
         for _ in 0..3 {
             tasks.push(store.create_task(new_task(), &json!({})).await?.id);
@@ -334,14 +350,13 @@ async fn a_task_belongs_to_one_board_and_deletes_cascade() -> anyhow::Result<()>
             store.board_initial_state(&one.id).await.err(),
             store.delete_board(&one.id).await.err(),
         ] {
-            assert!(matches!(missing, Some(StoreError::NoSuchBoard(_))), "{missing:?}");
+            assert!(
+                matches!(missing, Some(StoreError::NoSuchBoard(_))),
+                "{missing:?}"
+            );
         }
-        let rows = |table: &str| {
-            format!(
-                "SELECT COUNT(*) FROM {table} WHERE board_id = '{}'",
-                one.id
-            )
-        };
+        let rows =
+            |table: &str| format!("SELECT COUNT(*) FROM {table} WHERE board_id = '{}'", one.id);
         assert_eq!(db.count(&rows("board_writes")).await?, 0);
         assert_eq!(db.count(&rows("board_members")).await?, 0);
         assert_eq!(store.task_board(&tasks[0]).await?, None);
@@ -403,12 +418,7 @@ async fn race_writer(
             let mut rebased_from = None;
             loop {
                 let step = task_version + 1;
-                let mut commit = step_commit(
-                    step,
-                    &task_state,
-                    json!({ "writes": step }),
-                    false,
-                );
+                let mut commit = step_commit(step, &task_state, json!({ "writes": step }), false);
                 commit.entry.board_version = Some(base_version);
                 let mut write = board_write(
                     &on_state,
@@ -420,11 +430,21 @@ async fn race_writer(
                 );
                 write.rebased_from = rebased_from;
                 match store
-                    .commit_step_with_board(&task, task_version, &commit, &board, on_version, &write)
+                    .commit_step_with_board(
+                        &task,
+                        task_version,
+                        &commit,
+                        &board,
+                        on_version,
+                        &write,
+                    )
                     .await
                 {
                     Ok(version) => {
-                        ensure!(version == on_version + 1, "committed as {version} on {on_version}");
+                        ensure!(
+                            version == on_version + 1,
+                            "committed as {version} on {on_version}"
+                        );
                         task_state = commit.new_state;
                         task_version = step;
                         break;
@@ -444,7 +464,10 @@ async fn race_writer(
                                     counts.disjoint_conflicts += 1;
                                 }
                                 ensure!(
-                                    conflict.pointers.iter().all(|p| p.to_string() == "/shared/counter"),
+                                    conflict
+                                        .pointers
+                                        .iter()
+                                        .all(|p| p.to_string() == "/shared/counter"),
                                     "conflict at {:?}",
                                     conflict.pointers
                                 );
@@ -529,10 +552,18 @@ async fn racing_writers_lose_no_update_and_the_board_replays() -> anyhow::Result
                 .unwrap()
                 .apply(&replayed)
                 .unwrap();
-            assert_eq!(state_hash(&replayed), write.state_hash, "version {}", write.version);
+            assert_eq!(
+                state_hash(&replayed),
+                write.state_hash,
+                "version {}",
+                write.version
+            );
         }
         assert_eq!(replayed, end.state);
-        assert_eq!(board_state_at(store.as_ref(), &board.id, end.version).await?, end.state);
+        assert_eq!(
+            board_state_at(store.as_ref(), &board.id, end.version).await?,
+            end.state
+        );
         // Each write's author is a member whose step committed with it, at a step that exists.
         for task in &tasks {
             let record = store.task(task).await?;
