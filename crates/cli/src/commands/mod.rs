@@ -77,11 +77,13 @@ pub async fn world_for(
             // checkpoints carry it from then on).
             let mut settings = settings.clone();
             match input {
-                Some(request) => {
+                Some(request) if !request.trim().is_empty() => {
                     settings
                         .params
                         .insert("request".into(), Value::String(request.to_owned()));
                 }
+                // An empty request: the world is only looked at (`skillstate tools`).
+                Some(_) => {}
                 None if takes_request && !settings.params.contains_key("request") => {
                     anyhow::bail!(
                         "skill `{}` runs in the `{}` environment, which opens with the user's request: pass --input \"...\"",

@@ -23,7 +23,11 @@ pub struct ToolsArgs {
 pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode> {
     let skill = load_skill(&args.skill)?;
     let config = load_config(config_path)?;
-    let input = skill.settings().environment.is_none().then_some("");
+    // Listing tools needs no request, also for an environment that opens with one.
+    let input = match &skill.settings().environment {
+        Some(env) if !skillstate_envs::takes_request(&env.kind) => None,
+        _ => Some(""),
+    };
     let world = world_for(
         &skill,
         &args.skill,
