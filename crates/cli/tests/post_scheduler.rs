@@ -274,3 +274,148 @@ fn a_built_in_environment_without_a_request_says_to_pass_one() {
         text(&out.stderr)
     );
 }
+
+/// A running `skillstate serve` with embedded workers, killed when dropped.
+struct Server {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(db: &Path) -> Server {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(common::binary())
+        .current_dir(common::repo_root())
+        .env("SKILLSTATE_DB", db)
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--skills",
+            "skills",
+            "--workers",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("serving ") {
+                let base = rest.split_whitespace().next().unwrap_or_default();
+                let _ = sender.send(base.to_owned());
+            }
+        }
+    });
+    let base = receiver
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the server says where it listens");
+    Server { child, base }
+}
+
+/// The same journey through the service: the task created over HTTP with its request as an
+/// `environment` parameter, decided with the approve route, moved with the messages route.
+#[test]
+fn the_service_takes_the_same_journey_through_its_routes() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("service.db");
+    let key = ok(
+        &db,
+        &["keys", "create", "--tenant", "acme", "--label", "test"],
+    )
+    .trim()
+    .to_owned();
+    let server = serve(&db);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let call = |method: reqwest::Method, path: &str, body: Option<Value>| -> Value {
+        let mut request = http
+            .request(method, format!("{}{path}", server.base))
+            .bearer_auth(&key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        runtime.block_on(async {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert!(status.is_success(), "{path}: {status} {body}");
+            body
+        })
+    };
+    let wait_for = |id: &str, status: &str| -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let task = call(reqwest::Method::GET, &format!("/v1/tasks/{id}"), None);
+            if task["status"] == status {
+                return task;
+            }
+            assert!(Instant::now() < deadline, "never {status}: {task}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let created = call(
+        reqwest::Method::POST,
+        "/v1/tasks",
+        Some(
+            serde_json::json!({"skill": "post-scheduler", "model": "oracle", "environment": {"request": REQUEST}}),
+        ),
+    );
+    let id = created["task"]["id"].as_str().unwrap().to_owned();
+    wait_for(&id, "awaiting_approval");
+    assert!(look(&db, &id).saved.is_empty(), "saved before confirmation");
+
+    call(
+        reqwest::Method::POST,
+        &format!("/v1/tasks/{id}/approve"),
+        Some(serde_json::json!({})),
+    );
+    wait_for(&id, "completed");
+    assert_eq!(look(&db, &id).saved[0]["publish_at"], FIRST);
+
+    call(
+        reqwest::Method::POST,
+        &format!("/v1/tasks/{id}/messages"),
+        Some(serde_json::json!({"text": MOVE})),
+    );
+    wait_for(&id, "awaiting_approval");
+    let asked = look(&db, &id);
+    assert_eq!(asked.state["post"]["publishAt"], SECOND);
+    assert_eq!(
+        asked.saved[0]["publish_at"], FIRST,
+        "moved without confirmation"
+    );
+
+    call(
+        reqwest::Method::POST,
+        &format!("/v1/tasks/{id}/approve"),
+        Some(serde_json::json!({})),
+    );
+    let done = wait_for(&id, "completed");
+    assert_eq!(look(&db, &id).saved[0]["publish_at"], SECOND);
+    let version = done["version"].as_u64().unwrap();
+    let prompt = call(
+        reqwest::Method::GET,
+        &format!("/v1/tasks/{id}/steps/{version}/prompt"),
+        None,
+    )
+    .to_string();
+    assert!(prompt.contains(SECOND), "{prompt}");
+    assert!(!prompt.contains("2026-10-15"), "{prompt}");
+    assert!(!prompt.contains("October 15"), "{prompt}");
+}
