@@ -1,6 +1,5 @@
 pub mod batch;
 pub mod bench;
-pub mod board;
 pub mod keys;
 pub mod lineage;
 pub mod run;
