@@ -32,7 +32,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::require_key;
 use crate::factory::TaskFactory;
 use crate::problem::finish_problems;
-use crate::routes::{batches, events, inbox, journal, ops, state, tasks};
+use crate::routes::{batches, boards, events, inbox, journal, ops, state, tasks};
 
 /// The service's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,6 +194,20 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(events::tenant_events))
         .route("/v1/batches", get(batches::list_batches))
         .route("/v1/batches/{id}", get(batches::get_batch))
+        .route(
+            "/v1/boards",
+            post(boards::create_board).get(boards::list_boards),
+        )
+        .route("/v1/boards/{id}", get(boards::get_board))
+        .route(
+            "/v1/boards/{id}/state",
+            get(boards::get_board_state).patch(boards::patch_board_state),
+        )
+        .route("/v1/boards/{id}/writes", get(boards::list_board_writes))
+        .route(
+            "/v1/boards/{id}/writes/{version}/state",
+            get(boards::board_state_at_version),
+        )
         .route_layer(from_fn_with_state(state.clone(), require_key));
     let config = state.config.clone();
     Router::new()

@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use skillstate_core::board::BoardScope;
 use skillstate_store::TaskState;
 
 use crate::app::AppState;
@@ -24,6 +25,10 @@ pub struct Caller {
     pub tenant: String,
     /// The key's id (never its secret); recorded as the author of what the key writes.
     pub key_id: String,
+    /// For a key limited to board pointers: what it reads and writes. Such a key works only
+    /// on /v1/boards (403 elsewhere), sees the projection of its reads and writes only its
+    /// writes. `None`: the tenant's full access.
+    pub scope: Option<BoardScope>,
 }
 
 /// The prefix of every key secret, so leaked keys are recognisable to secret scanners.
@@ -68,6 +73,12 @@ pub async fn require_key(
     let task = state_route_task(&request);
     match authenticate(&state, header.as_ref(), task.as_deref()).await {
         Ok((caller, keyed)) => {
+            if caller.scope.is_some() && !is_board_route(&request) {
+                return ApiError::Forbidden {
+                    detail: "this API key is limited to board pointers; it works only on /v1/boards routes. Use a key of the tenant without limits".into(),
+                }
+                .into_response();
+            }
             request.extensions_mut().insert(caller);
             if let Some(keyed) = keyed {
                 request.extensions_mut().insert(keyed);
@@ -76,6 +87,16 @@ pub async fn require_key(
         }
         Err(error) => error.into_response(),
     }
+}
+
+/// Whether the request is to one of the /v1/boards routes (by its route template).
+fn is_board_route(request: &Request) -> bool {
+    request
+        .extensions()
+        .get::<MatchedPath>()
+        .is_some_and(|route| {
+            route.as_str() == "/v1/boards" || route.as_str().starts_with("/v1/boards/")
+        })
 }
 
 /// The task of a request to `/v1/tasks/{id}/state` with a well-formed full id.
@@ -125,13 +146,24 @@ async fn authenticate(
         None => (state.store.key_by_hash(&hash).await?, None),
     };
     match key {
-        Some(key) if key.revoked_at.is_none() => Ok((
-            Caller {
-                tenant: key.tenant,
-                key_id: key.id,
-            },
-            keyed,
-        )),
+        Some(key) if key.revoked_at.is_none() => {
+            let scope =
+                crate::routes::boards::key_scope(key.scopes.as_ref()).map_err(|problem| {
+                    ApiError::Forbidden {
+                        detail: format!(
+                            "this API key cannot be used: {problem}; revoke it and create a new one"
+                        ),
+                    }
+                })?;
+            Ok((
+                Caller {
+                    tenant: key.tenant,
+                    key_id: key.id,
+                    scope,
+                },
+                keyed,
+            ))
+        }
         _ => Err(unauthorized(
             "the API key is unknown or revoked; ask for a valid key (`skillstate keys list` shows which are valid)",
         )),

@@ -17,7 +17,7 @@ use crate::routes::inbox::{
 };
 use crate::routes::journal::ForkRequest;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{batches, events, inbox, journal, ops, state, tasks};
+use crate::routes::{batches, boards, events, inbox, journal, ops, state, tasks};
 use crate::views::*;
 
 #[derive(OpenApi)]
@@ -50,6 +50,13 @@ use crate::views::*;
         events::tenant_events,
         batches::list_batches,
         batches::get_batch,
+        boards::create_board,
+        boards::list_boards,
+        boards::get_board,
+        boards::get_board_state,
+        boards::patch_board_state,
+        boards::list_board_writes,
+        boards::board_state_at_version,
         ops::healthz,
         ops::readyz,
         ops::openapi,
@@ -95,6 +102,14 @@ use crate::views::*;
         Percentiles,
         Standing,
         TaskRow,
+        CreateBoardRequest,
+        BoardView,
+        BoardListItem,
+        BoardList,
+        AuthorKind,
+        AuthorView,
+        BoardWriteView,
+        BoardWritePage,
     )),
     modifiers(&BearerKey),
     tags(
@@ -103,6 +118,7 @@ use crate::views::*;
         (name = "journal", description = "A task's history: steps, time travel, forks"),
         (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
         (name = "batches", description = "Batches of tasks and their figures (counts, tokens, cost, ETA)"),
+        (name = "boards", description = "Shared states that several tasks and API clients read and write, each write under the concurrent-write rule"),
         (name = "events", description = "Live events (Server-Sent Events) with durable, resumable ids"),
         (name = "operations", description = "Health, readiness, metrics and this document"),
     )

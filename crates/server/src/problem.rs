@@ -91,6 +91,9 @@ pub enum ApiError {
     /// 401, with `WWW-Authenticate: Bearer`.
     #[error("unauthorized: {detail}")]
     Unauthorized { detail: String },
+    /// 403: the API key may not do this (a key limited to board pointers, elsewhere).
+    #[error("forbidden: {detail}")]
+    Forbidden { detail: String },
     /// 404: no such resource, or one the caller's tenant does not own (the two are the same
     /// answer, so a tenant never learns what another has).
     #[error("not found: {detail}")]
@@ -128,6 +131,12 @@ pub enum ApiError {
     /// 412: a conditional write named a version that is no longer current.
     #[error("precondition failed: {detail}")]
     PreconditionFailed { detail: String },
+    /// 412 with the pointers it is about: a board write whose rebase met others' changes.
+    #[error("precondition failed: {detail}")]
+    PreconditionFailedWith {
+        detail: String,
+        errors: Vec<FieldError>,
+    },
     /// 428: a write that must be conditional came without `If-Match`.
     #[error("precondition required: {detail}")]
     PreconditionRequired { detail: String },
@@ -183,13 +192,16 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::BadRequest { .. } | ApiError::TooDeep { .. } => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
-            ApiError::PreconditionFailed { .. } => StatusCode::PRECONDITION_FAILED,
+            ApiError::PreconditionFailed { .. } | ApiError::PreconditionFailedWith { .. } => {
+                StatusCode::PRECONDITION_FAILED
+            }
             ApiError::PreconditionRequired { .. } => StatusCode::PRECONDITION_REQUIRED,
             ApiError::Gone { .. } => StatusCode::GONE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -204,6 +216,7 @@ impl ApiError {
             ApiError::Unauthorized { .. } => {
                 ("unauthorized", "Missing, unknown or revoked API key")
             }
+            ApiError::Forbidden { .. } => ("forbidden", "Not allowed for this API key"),
             ApiError::NotFound { .. } => ("not-found", "Not found"),
             ApiError::BadRequest { .. } => ("bad-request", "The request cannot be read"),
             ApiError::TooDeep { .. } => ("json-too-deep", "JSON nested too deeply"),
@@ -214,6 +227,10 @@ impl ApiError {
             ApiError::Invalid { .. } => ("validation-failed", "The request is not valid"),
             ApiError::Conflict { .. } => ("conflict", "Conflicts with the task's current status"),
             ApiError::PreconditionFailed { .. } => ("stale-version", "The version is not current"),
+            ApiError::PreconditionFailedWith { .. } => (
+                "board-conflict",
+                "Others changed what the patch touches since its version",
+            ),
             ApiError::PreconditionRequired { .. } => {
                 ("precondition-required", "If-Match is required")
             }
@@ -223,6 +240,8 @@ impl ApiError {
         };
         let detail = match self {
             ApiError::Unauthorized { detail }
+            | ApiError::Forbidden { detail }
+            | ApiError::PreconditionFailedWith { detail, .. }
             | ApiError::NotFound { detail }
             | ApiError::BadRequest { detail, .. }
             | ApiError::UnsupportedMediaType { detail }
@@ -241,9 +260,9 @@ impl ApiError {
             ApiError::Internal(_) => INTERNAL_DETAIL.to_owned(),
         };
         let errors = match self {
-            ApiError::BadRequest { errors, .. } | ApiError::Invalid { errors, .. } => {
-                errors.clone()
-            }
+            ApiError::BadRequest { errors, .. }
+            | ApiError::Invalid { errors, .. }
+            | ApiError::PreconditionFailedWith { errors, .. } => errors.clone(),
             _ => Vec::new(),
         };
         Problem {
@@ -304,6 +323,22 @@ impl From<StoreError> for ApiError {
                 detail: "another runner took the task over meanwhile; retry".into(),
                 retry_after: Some(1),
             },
+            StoreError::NoSuchBoard(id) => ApiError::no_board(&id),
+            StoreError::BoardMoved {
+                expected, actual, ..
+            } => ApiError::PreconditionFailed {
+                detail: format!(
+                    "the board is at version {actual}, not {expected}: another writer committed first; GET its state again and retry with that If-Match"
+                ),
+            },
+            StoreError::BoardExists { name } => ApiError::conflict(format!(
+                "this tenant has a board named `{name}` already; choose another name"
+            )),
+            StoreError::NoSuchBoardVersion {
+                version, current, ..
+            } => ApiError::not_found(format!(
+                "version {version} does not exist: the board has {current} writes"
+            )),
             StoreError::BadEventPosition(position) => ApiError::bad_request(format!(
                 "`{position}` is not an event position of this server; pass back an event's id, or none to start from the first"
             )),

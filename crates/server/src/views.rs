@@ -3,9 +3,11 @@
 //! carries a state, a patch or text derived from them is built through the task's
 //! [`Redaction`] (write-only values never leave).
 
+mod boards;
 mod redaction;
 
-pub(crate) use redaction::{Redaction, shown_state};
+pub use boards::*;
+pub(crate) use redaction::{Redaction, board_hides_values, shown_patch, shown_state};
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,8 @@
-//! The handlers, one module per resource, and what they share: finding a task the caller's
-//! tenant owns, and holding a task still while it is changed from outside a runner.
+//! The handlers, one module per resource (boards.rs: shared boards), and what they share:
+//! finding a task the caller's tenant owns, and holding a task still while it is changed from outside a runner.
 
 pub mod batches;
+pub mod boards;
 pub mod events;
 pub mod inbox;
 pub mod journal;
@@ -183,6 +184,7 @@ mod tests {
         let caller = Caller {
             tenant: "acme".into(),
             key_id: "key-1".into(),
+            scope: None,
         };
         (dir, AppState::new(store, Arc::new(NoFactory)), caller, id)
     }

@@ -114,7 +114,7 @@ pub const MERGE_PATCH: &str = "application/merge-patch+json";
 pub const JSON_PATCH: &str = "application/json-patch+json";
 
 /// The version an `If-Match` header names: exactly one strong ETag, `"<version>"`.
-fn if_match_version(headers: &HeaderMap) -> Result<u64, ApiError> {
+pub(crate) fn if_match_version(headers: &HeaderMap) -> Result<u64, ApiError> {
     let Some(value) = headers.get(header::IF_MATCH) else {
         return Err(ApiError::PreconditionRequired {
             detail: "a state write must name the version it replaces: GET the state and send its ETag as If-Match (`If-Match: \"12\"`)".into(),

@@ -58,6 +58,19 @@ pub(crate) fn shown_state(schema: &Value, mut state: Value) -> Value {
     state
 }
 
+/// `patch` (a write of a document whose schema is `schema`) with its write-only values
+/// replaced: a board's journal shows its patches so.
+pub(crate) fn shown_patch(schema: &Value, mut patch: Value) -> Value {
+    write_only_of(schema).redact_patch(&mut patch);
+    patch
+}
+
+/// Whether `schema` marks anything write-only: then hashes of its states are withheld and
+/// validation messages (which may quote a value) are not shown.
+pub(crate) fn board_hides_values(schema: &Value) -> bool {
+    !write_only_of(schema).is_empty()
+}
+
 /// One task's write-only locations and the write-only values seen in its history.
 #[derive(Clone)]
 pub(crate) struct Redaction {
