@@ -334,7 +334,7 @@ async fn a_schema_six_database_is_migrated_and_every_task_reads_the_same() -> an
     let mut conn = connect(&path).await?;
     assert_eq!(
         count(&mut conn, "SELECT MAX(version) FROM schema_migrations").await?,
-        7
+        8
     );
     assert_eq!(
         count(
