@@ -25,9 +25,13 @@ WAREHOUSE = REPO / "skills" / "warehouse"
 SECONDS = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
 
 skill = skillstate.Skill.load(str(WAREHOUSE))
-# A warehouse mid-run: 60 occupied shelves.
-state = skill.initial_state
-state["inventory"] = {f"shelf_{i * 7 % 500}": f"item_{1000 + i}" for i in range(60)}
+
+def warehouse(shelves):
+    """The warehouse's state with `shelves` occupied shelves."""
+    state = skill.initial_state
+    state["inventory"] = {f"shelf_{i * 7 % 500}": f"item_{1000 + i}" for i in range(shelves)}
+    return state
+
 answers = [
     json.dumps({
         "reasoning": "item_4298 arrived for shelf_122; store it and record it.",
@@ -102,7 +106,7 @@ def python_validate(current, text):
     return new
 
 
-def measure(check):
+def measure(check, state):
     calls = 0
     started = time.perf_counter()
     while True:
@@ -114,16 +118,22 @@ def measure(check):
             return calls / elapsed
 
 
-# Same verdicts first.
-for text in answers:
-    native = skill.validate(state, text)
-    python = python_validate(state, text)
-    assert native.accepted == isinstance(python, dict), (text, native, python)
-    if native.accepted:
-        assert native.new_state == python
-
-native = measure(skill.validate)
-python = measure(python_validate)
-print(f"skill.validate (native):          {native:>10,.0f} calls/s")
-print(f"jsonschema + jsonpatch (Python):  {python:>10,.0f} calls/s")
-print(f"native / Python:                  {native / python:>10.1f}x")
+# 30 shelves: under the state budget's 1,500 bytes of compact JSON, so the runtime needs no
+# token count (nor does the Python check). 90 shelves: over it, so the runtime also counts the
+# new state's o200k_base tokens on each call (the Python check still compares bytes only: it
+# has no tokenizer).
+for shelves in (30, 90):
+    state = warehouse(shelves)
+    for text in answers:
+        native = skill.validate(state, text)
+        python = python_validate(state, text)
+        assert native.accepted == isinstance(python, dict), (text, native, python)
+        if native.accepted:
+            assert native.new_state == python
+    size = len(json.dumps(state, separators=(",", ":")))
+    native = measure(skill.validate, state)
+    python = measure(python_validate, state)
+    print(f"warehouse state, {shelves} shelves ({size:,} bytes):")
+    print(f"  skill.validate (native):          {native:>10,.0f} calls/s")
+    print(f"  jsonschema + jsonpatch (Python):  {python:>10,.0f} calls/s")
+    print(f"  native / Python:                  {native / python:>10.1f}x")
