@@ -4,6 +4,7 @@
 
 mod chart;
 mod job;
+pub mod board;
 pub mod long_task;
 pub mod queue;
 mod report;

@@ -92,7 +92,8 @@ impl Tool for Tick {
     }
 }
 
-fn environment() -> Box<dyn Environment> {
+/// The world of a counter task: a user request and the no-op `tick` tool.
+pub fn counter_environment() -> Box<dyn Environment> {
     Box::new(UserRequest::new("count").with_tools(vec![Arc::new(Tick::new())]))
 }
 
@@ -105,7 +106,7 @@ pub struct CounterHost {
 impl TaskHost for CounterHost {
     async fn open(&self, _task: &TaskRecord) -> Result<HostedTask, String> {
         Ok(HostedTask {
-            env: environment(),
+            env: counter_environment(),
             model: Arc::new(ScriptedModel::from_outputs(
                 "counter.jsonl".into(),
                 counter_answers(self.steps),
@@ -135,7 +136,7 @@ pub async fn submit(store: &dyn Store, tasks: usize, steps: u32) -> Result<Strin
         let n = left.min(CHUNK);
         let mut queued = Vec::with_capacity(n);
         for _ in 0..n {
-            let mut env = environment();
+            let mut env = counter_environment();
             let task = prepare_task(&skill, env.as_mut(), &options).map_err(|e| e.to_string())?;
             queued.push(QueuedTask {
                 task,

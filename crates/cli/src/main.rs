@@ -81,6 +81,9 @@ enum Command {
     /// API keys of the service, per tenant: create, list, revoke.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
+    /// Boards: shared states several agents read and write (create, list, show).
+    #[command(subcommand)]
+    Board(commands::board::BoardCommand),
 }
 
 /// Makes this process non-dumpable, before any thread or child exists: its /proc entries
@@ -177,6 +180,9 @@ fn main() -> ExitCode {
             Command::View(args) => commands::view::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Keys(command) => {
                 commands::keys::run(&cli.db, cli.config.as_deref(), command).await
+            }
+            Command::Board(command) => {
+                commands::board::run(&cli.db, cli.config.as_deref(), command).await
             }
         }
     });

@@ -38,6 +38,9 @@ pub enum RejectionKind {
     OutsideWriteScope,
     /// A board patch copies or tests a location outside its skill's `[board] reads`.
     OutsideReadScope,
+    /// A board patch meets another writer's commit since the version it was computed on
+    /// (`board::rebase`); the answer is recomputed from the fresh values.
+    BoardConflict,
 }
 
 impl RejectionKind {
@@ -53,6 +56,7 @@ impl RejectionKind {
             RejectionKind::ToolArgs => "tool_args",
             RejectionKind::OutsideWriteScope => "outside_write_scope",
             RejectionKind::OutsideReadScope => "outside_read_scope",
+            RejectionKind::BoardConflict => "board_conflict",
         }
     }
 }
@@ -187,6 +191,8 @@ pub struct AcceptedStep {
     /// The new state's size in o200k_base tokens of its compact JSON; `None` when it was not
     /// counted because its byte length already fits the state budget.
     pub state_tokens: Option<usize>,
+    /// The board's part of the answer of a task attached to a board (`board::step`).
+    pub board: Option<crate::board::BoardChange>,
 }
 
 /// An output that failed: every problem found, and what could be parsed.
@@ -228,6 +234,7 @@ pub fn validate_step(
                 state_hash: state_hash(&new_state),
                 new_state,
                 state_tokens,
+                board: None,
             })
         }
         _ => Err(RejectedStep {
@@ -290,7 +297,7 @@ fn check_patch(
     )
 }
 
-fn check_patch_with(
+pub(crate) fn check_patch_with(
     schema: &StateSchema,
     state_token_budget: usize,
     state: &Value,
@@ -371,7 +378,7 @@ fn check_patch_with(
     Some((patch, new_state, state_tokens))
 }
 
-fn check_action(
+pub(crate) fn check_action(
     catalog: &ToolCatalog,
     raw: &RawAction,
     rejections: &mut Vec<Rejection>,

@@ -25,6 +25,8 @@ pub struct TaskFrame {
     context_budget: Option<usize>,
     /// The schema of a whole step answer, for providers that constrain decoding.
     pub(crate) output_schema: Arc<Value>,
+    /// The board the task is attached to, if any (`attach`).
+    pub(crate) board: Option<crate::board::BoardFrame>,
 }
 
 impl TaskFrame {
@@ -56,7 +58,27 @@ impl TaskFrame {
             context,
             context_budget,
             output_schema,
+            board: None,
         })
+    }
+
+    /// Attaches the task's board: its prompts show it at `/board`, and the answer form lets
+    /// the patch write there.
+    pub(crate) fn attach(&mut self, board: crate::board::BoardFrame) {
+        let mut schema = (*self.output_schema).clone();
+        if let Some(Value::Object(properties)) =
+            schema.pointer_mut("/properties/state_patch/properties")
+        {
+            properties.insert(
+                skillstate_core::board::MOUNT.to_owned(),
+                serde_json::json!({
+                    "type": "object",
+                    "description": "A merge patch of the board, within the skill's [board] writes."
+                }),
+            );
+        }
+        self.output_schema = Arc::new(schema);
+        self.board = Some(board);
     }
 
     pub fn skill(&self) -> &Skill {
@@ -108,15 +130,23 @@ pub async fn rebuild_prompt(
 ) -> Result<(Prompt, String), RuntimeError> {
     let frame = TaskFrame::new(task)?;
     let journal = store.journal(&task.id).await?;
-    let recorded_hash = journal
+    let (recorded_hash, board_version) = journal
         .iter()
         .find(|e| e.step == step && e.attempt == attempt)
-        .map(|e| e.prompt_hash.clone())
+        .map(|e| (e.prompt_hash.clone(), e.board_version))
         .ok_or_else(|| RuntimeError::StoredTask {
             task: task.id.clone(),
             message: format!("the journal has no attempt {attempt} at step {step}"),
         })?;
-    let state = state_at(store, &task.id, step - 1, task.version).await?;
+    let mut state = state_at(store, &task.id, step - 1, task.version).await?;
+    // A board member's prompt showed the board at the version recorded with the attempt.
+    if let Some(version) = board_version {
+        let scope = frame.skill.settings().board.clone();
+        if let Some(board) = crate::board::BoardFrame::of(store, task, scope.as_ref()).await? {
+            let shown = skillstate_store::board_state_at(store, &board.id, version).await?;
+            state = skillstate_core::board::mounted_view(&state, &shown, &board.scope);
+        }
+    }
     let observation =
         store
             .observation(&task.id, step)

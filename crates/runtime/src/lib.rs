@@ -2,6 +2,7 @@
 //! until `finish`, the step limit, the end of the environment's episode, or a failure (see
 //! "How a step works" in the README).
 
+mod board;
 mod error;
 mod frame;
 mod inbox;

@@ -56,6 +56,9 @@ pub const TASK_RETRIES: &str = "skillstate_task_retries_total";
 pub const TASKS_RELEASED: &str = "skillstate_tasks_released_total";
 pub const LEASES_LOST: &str = "skillstate_leases_lost_total";
 pub const LEASE_TAKEOVERS: &str = "skillstate_lease_takeovers_total";
+pub const BOARD_WRITES: &str = "skillstate_board_writes_total";
+pub const BOARD_REBASES: &str = "skillstate_board_rebases_total";
+pub const BOARD_CONFLICTS: &str = "skillstate_board_conflicts_total";
 
 /// Everything the runtime reports, for `# HELP` lines and the README.
 pub const METRICS: &[MetricInfo] = &[
@@ -120,6 +123,18 @@ pub const METRICS: &[MetricInfo] = &[
     counter(
         LEASES_LOST,
         "Tasks a worker stopped because another worker took their lease over (it had expired); nothing more was written.",
+    ),
+    counter(
+        BOARD_WRITES,
+        "Board writes committed by tasks' steps (each in the step's transaction).",
+    ),
+    counter(
+        BOARD_REBASES,
+        "Board writes committed on top of a newer version than their answer was computed on (others wrote elsewhere meanwhile).",
+    ),
+    counter(
+        BOARD_CONFLICTS,
+        "Answers refused because their board part met another writer's change since the version shown; the model recomputes from the fresh values.",
     ),
 ];
 
@@ -187,6 +202,18 @@ pub(crate) fn answer(verdict: Result<&AcceptedStep, &RejectedStep>) {
     {
         metrics::counter!(INVALID_TOOL_CALLS).increment(1);
     }
+}
+
+pub(crate) fn board_written() {
+    metrics::counter!(BOARD_WRITES).increment(1);
+}
+
+pub(crate) fn board_rebased() {
+    metrics::counter!(BOARD_REBASES).increment(1);
+}
+
+pub(crate) fn board_conflicted() {
+    metrics::counter!(BOARD_CONFLICTS).increment(1);
 }
 
 pub(crate) fn step_committed() {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use skillstate_core::board::{BoardRules, mounted_view, validate_board_step};
 use skillstate_core::json::text_hash;
 use skillstate_core::prompt::Turn;
 use skillstate_core::secrets::Redactor;
@@ -24,6 +25,7 @@ use skillstate_tools::{
 };
 
 use crate::RuntimeError;
+use crate::board::{BoardCommitted, BoardFrame, BoardSeen};
 use crate::frame::{TaskFrame, turns_from};
 use crate::lease::{HeldLease, LeasePolicy};
 use crate::recovery::{Attempts, budget_start, check_continuity};
@@ -311,7 +313,11 @@ impl<'a> Runner<'a> {
     pub(crate) async fn run_held(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
         let task = self.store.task(task_id).await?;
         check_continuity(self.store.as_ref(), &task).await?;
-        let frame = TaskFrame::new(&task)?;
+        let mut frame = TaskFrame::new(&task)?;
+        let scope = frame.skill.settings().board.clone();
+        if let Some(board) = BoardFrame::of(self.store.as_ref(), &task, scope.as_ref()).await? {
+            frame.attach(board);
+        }
         if let Some(checkpoint) = &task.env_checkpoint {
             self.env.restore(checkpoint)?;
         }
@@ -511,9 +517,23 @@ impl<'a> Runner<'a> {
         let max_attempts = settings.run.max_retries.saturating_add(1);
         let last_attempt = first_counted.saturating_sub(1).saturating_add(max_attempts);
 
-        for attempt in first_attempt..=last_attempt {
+        let mut last_attempt = last_attempt;
+        let mut conflicts = 0u32;
+        let mut attempt = first_attempt;
+        while attempt <= last_attempt {
             self.check_lease()?;
-            let prompt = frame.prompt(state, &observation, &retry, turns);
+            // A board member's prompt shows the newest board through its reads, at `/board`.
+            let seen = match &frame.board {
+                Some(board) => Some(board.read(self.store.as_ref()).await?),
+                None => None,
+            };
+            let shown = match (&frame.board, &seen) {
+                (Some(board), Some(seen)) => {
+                    std::borrow::Cow::Owned(mounted_view(state, &seen.state, &board.scope))
+                }
+                _ => std::borrow::Cow::Borrowed(&*state),
+            };
+            let prompt = frame.prompt(&shown, &observation, &retry, turns);
             let text = prompt.text();
             let prompt_tokens = count_tokens(&text);
             let started = Instant::now();
@@ -545,7 +565,19 @@ impl<'a> Runner<'a> {
             failpoint("after_model");
             // The answer is untrusted text: secrets it echoes are gone before anything reads it.
             let answer_text = self.secrets.redact(&response.text).into_owned();
-            let mut verdict = validate_step(&rules, state, &answer_text);
+            let mut verdict = match (&frame.board, &seen) {
+                (Some(board), Some(seen)) => validate_board_step(
+                    &rules,
+                    &BoardRules {
+                        schema: &board.schema,
+                        scope: &board.scope,
+                    },
+                    state,
+                    &seen.state,
+                    &answer_text,
+                ),
+                _ => validate_step(&rules, state, &answer_text),
+            };
             if let (true, Err(rejected)) = (response.truncated, &mut verdict) {
                 rejected.rejections.insert(0, truncation_rejection());
             }
@@ -570,13 +602,14 @@ impl<'a> Runner<'a> {
                 latency_ms,
                 created_at: now_millis(),
                 author: None,
-                board_version: None,
+                board_version: seen.as_ref().map(|s| s.version),
             };
             match verdict {
                 Err(rejected) => {
                     entry.errors = serde_json::to_value(&rejected.rejections).ok();
                     self.store.record_rejection(task, &entry).await?;
                     retry = rejected.rejections;
+                    attempt += 1;
                 }
                 Ok(accepted) => {
                     let answer = entry.output.clone();
@@ -587,18 +620,37 @@ impl<'a> Runner<'a> {
                         }
                         _ => false,
                     };
-                    let (end, result) = self
+                    let refusable = frame.board.is_some().then(|| entry.clone());
+                    let board = frame.board.as_ref().zip(seen.as_ref());
+                    let acted = self
                         .commit_and_act(
                             task,
                             step,
                             entry,
                             accepted,
-                            state,
-                            version,
+                            (state, version),
+                            board,
                             env_tools,
                             needs_approval,
                         )
                         .await?;
+                    let (end, result) = match (acted, refusable) {
+                        (Acted::Done(end, result), _) => (end, result),
+                        (Acted::Refused(rejections), Some(mut entry)) => {
+                            // Others' writes met this answer: not the model's mistake, so
+                            // it does not spend the retry budget (up to a bound).
+                            entry.errors = serde_json::to_value(&rejections).ok();
+                            self.store.record_rejection(task, &entry).await?;
+                            retry = rejections;
+                            conflicts += 1;
+                            if conflicts <= MAX_CONFLICTS_PER_STEP {
+                                last_attempt = last_attempt.saturating_add(1);
+                            }
+                            attempt += 1;
+                            continue;
+                        }
+                        (Acted::Refused(_), None) => unreachable_refusal(task)?,
+                    };
                     if frame.context.uses_turns() {
                         turns.push(Turn {
                             step,
@@ -634,11 +686,11 @@ impl<'a> Runner<'a> {
         step: u64,
         mut entry: JournalEntry,
         accepted: AcceptedStep,
-        state: &mut Value,
-        version: &mut u64,
+        (state, version): (&mut Value, &mut u64),
+        board: Option<(&BoardFrame, &BoardSeen)>,
         env_tools: &[Arc<dyn Tool>],
         needs_approval: bool,
-    ) -> Result<(StepEnd, Option<String>), RuntimeError> {
+    ) -> Result<Acted, RuntimeError> {
         entry.verdict = Verdict::Accepted;
         entry.patch = Some(accepted.patch.to_value());
         entry.action = Some(accepted.action.to_call_json());
@@ -701,13 +753,28 @@ impl<'a> Runner<'a> {
             next_observation: None,
         };
         self.check_lease()?;
-        self.store.commit_step(task, *version, &commit).await?;
+        match (board, &accepted.board) {
+            (Some((board, seen)), Some(change)) => {
+                let committed = board
+                    .commit(self.store.as_ref(), task, *version, &commit, seen, change)
+                    .await?;
+                if let BoardCommitted::Refused(rejections) = committed {
+                    // Nothing was written: a result held back for this commit waits for the
+                    // next one.
+                    if let Some(result) = commit.previous_result {
+                        self.held_result = Some((task.to_owned(), result));
+                    }
+                    return Ok(Acted::Refused(rejections));
+                }
+            }
+            _ => self.store.commit_step(task, *version, &commit).await?,
+        }
         crate::metrics::step_committed();
         failpoint("after_commit");
         *state = accepted.new_state;
         *version = step;
         if status.is_some() {
-            return Ok((StepEnd::Stop, None));
+            return Ok(Acted::Done(StepEnd::Stop, None));
         }
         let mut result = None;
         if let Action::Tool { name, args } = &accepted.action {
@@ -729,7 +796,7 @@ impl<'a> Runner<'a> {
                     .await?;
             }
         }
-        Ok((StepEnd::Continue, result))
+        Ok(Acted::Done(StepEnd::Continue, result))
     }
 
     pub(crate) async fn execute(
@@ -808,6 +875,26 @@ impl<'a> Runner<'a> {
             delivered: Vec::new(),
         }
     }
+}
+
+/// How many of one step's answers may be refused for meeting others' board writes without
+/// spending its retry budget.
+const MAX_CONFLICTS_PER_STEP: u32 = 32;
+
+/// How an accepted answer ended.
+enum Acted {
+    /// Committed (and its action run, unless it paused or ended the task).
+    Done(StepEnd, Option<String>),
+    /// Its board part met others' writes: nothing was committed.
+    Refused(Vec<Rejection>),
+}
+
+/// Only a board member's commit is refused; anything else is a defect, reported, not a panic.
+fn unreachable_refusal<T>(task: &str) -> Result<T, RuntimeError> {
+    Err(RuntimeError::StoredTask {
+        task: task.to_owned(),
+        message: "a commit without a board part was refused as a board conflict".into(),
+    })
 }
 
 pub(crate) fn now_millis() -> i64 {

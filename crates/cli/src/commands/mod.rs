@@ -1,5 +1,6 @@
 pub mod batch;
 pub mod bench;
+pub mod board;
 pub mod keys;
 pub mod lineage;
 pub mod run;

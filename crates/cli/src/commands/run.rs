@@ -33,6 +33,10 @@ pub struct RunArgs {
     /// The request that opens the task, for skills without a built-in environment.
     #[arg(long)]
     input: Option<String>,
+    /// Attach the task to this board (name or id; `skillstate board create`): its prompts show
+    /// the board through the skill's `[board] reads`, and it writes within `[board] writes`.
+    #[arg(long)]
+    board: Option<String>,
     /// Print only the final line.
     #[arg(long, short)]
     quiet: bool,
@@ -116,6 +120,19 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         .map(|e| e.kind.as_str());
     let model = build_model(&spec, &settings, kind)?;
     let store = open_store(db, &config).await?;
+    let board = match &args.board {
+        Some(name) => {
+            if skill.settings().board.is_none() {
+                anyhow::bail!(
+                    "{}: skill `{}` has no [board] table, so it cannot join board `{name}`; declare what it reads and writes there ([board] reads = [\"/plan\"], writes = [\"/plan/mine\"])",
+                    args.skill.join("skill.toml").display(),
+                    skill.name()
+                );
+            }
+            Some(store.board(name, None).await?)
+        }
+        None => None,
+    };
     let options = TaskOptions {
         model: model.spec(),
         context: args.context,
@@ -126,6 +143,17 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
     let task = start_task(store.as_ref(), &skill, world.env.as_mut(), &options).await?;
     if !args.quiet {
         errln!("task {} started ({} in {db})", task.id, skill.name());
+    }
+    if let Some(board) = &board {
+        store.attach_task(&board.id, &task.id).await?;
+        if !args.quiet {
+            errln!(
+                "task {} joined board {} (version {})",
+                task.id,
+                board.name,
+                board.version
+            );
+        }
     }
     let write_only = WriteOnly::of_schema(&task.skill.schema);
     let secrets = write_only.secrets_of(&task.state);

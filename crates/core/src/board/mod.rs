@@ -37,6 +37,7 @@ mod pointer;
 mod project;
 mod rebase;
 mod scope;
+mod step;
 mod touch;
 mod write_check;
 
@@ -44,5 +45,9 @@ pub use pointer::Pointer;
 pub use project::{project, project_pointers};
 pub use rebase::{Conflict, Rebased, rebase};
 pub use scope::{BoardScope, BoardTable, ScopeList, ScopeProblem};
+pub use step::{
+    BoardChange, BoardRules, MOUNT, apply_board, conflict_rejections, mount_is_free, mounted,
+    mounted_view, validate_board_step,
+};
 pub use touch::{Touch, TouchKind, touched, touches};
 pub use write_check::check_writes;

@@ -1,0 +1,247 @@
+//! `skillstate board`: shared states that several tasks read and write (README, "Several agents,
+//! one state").
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use skillstate_core::StateSchema;
+use skillstate_core::board::touched;
+use skillstate_store::{BoardAuthor, BoardRecord, NewBoard, board_state_at};
+
+use crate::config::{Config, load_config, open_existing, open_store};
+use crate::render::{Table, format_time};
+
+#[derive(clap::Subcommand)]
+pub enum BoardCommand {
+    /// Create a board: a shared state with its own schema, versions and journal.
+    Create(CreateArgs),
+    /// List the boards in the database.
+    List,
+    /// Show a board's state (now, or at a version) and who wrote what, when.
+    Show(ShowArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The board's name (letters, digits, `-`, `_`, `.`; at most 100 characters).
+    name: String,
+    /// The board's JSON Schema (2020-12).
+    #[arg(long)]
+    schema: PathBuf,
+    /// The initial state (default: `{}`), valid against the schema.
+    #[arg(long)]
+    init: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    /// The board's name or id.
+    board: String,
+    /// Show the state at this version (0 = as created) instead of now.
+    #[arg(long)]
+    version: Option<u64>,
+    /// How many of the latest writes to list.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    writes: u64,
+    /// Print JSON (state, version, members, writes) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(db: &str, config_path: Option<&Path>, command: BoardCommand) -> Result<ExitCode> {
+    let config = load_config(config_path)?;
+    match command {
+        BoardCommand::Create(args) => create(db, &config, args).await,
+        BoardCommand::List => list(db).await,
+        BoardCommand::Show(args) => show(db, args).await,
+    }
+}
+
+/// A name is safe in a URL, a terminal and a file name.
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        bail!(
+            "board name `{name}`: use 1 to 100 letters, digits, `-`, `_` or `.` (for example release-42)"
+        );
+    }
+    Ok(())
+}
+
+fn read_json(path: &Path, what: &str) -> Result<Value> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}:{}:{}: the {what} is not valid JSON: {e}",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })
+}
+
+async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode> {
+    check_name(&args.name)?;
+    let schema_doc = read_json(&args.schema, "board schema")?;
+    let schema = StateSchema::compile_all(schema_doc.clone()).map_err(|defects| {
+        let lines: Vec<String> = defects
+            .iter()
+            .map(|d| {
+                format!(
+                    "  {} at {}: {}",
+                    args.schema.display(),
+                    pointer(&d.pointer),
+                    d.message
+                )
+            })
+            .collect();
+        anyhow::anyhow!("the board schema is not usable:\n{}", lines.join("\n"))
+    })?;
+    let (initial, origin) = match &args.init {
+        Some(path) => (
+            read_json(path, "initial state")?,
+            path.display().to_string(),
+        ),
+        None => (
+            Value::Object(Default::default()),
+            "the default initial state {}".to_owned(),
+        ),
+    };
+    let violations = schema.violations(&initial);
+    if !violations.is_empty() {
+        let lines: Vec<String> = violations
+            .iter()
+            .map(|v| format!("  {origin} at {}: {}", pointer(&v.pointer), v.message))
+            .collect();
+        bail!(
+            "the initial state breaks the board schema{}:\n{}",
+            if args.init.is_none() {
+                " (give one with --init FILE)"
+            } else {
+                ""
+            },
+            lines.join("\n")
+        );
+    }
+    let store = open_store(db, config).await?;
+    let board = store
+        .create_board(NewBoard {
+            name: args.name,
+            schema: schema_doc,
+            initial_state: initial,
+            tenant: None,
+        })
+        .await?;
+    outln!("board {} created ({}) in {db}", board.name, board.id);
+    outln!(
+        "attach agents with `skillstate run <skill> --board {} --model ...` (each skill declares [board] reads and writes)",
+        board.name
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pointer(p: &str) -> &str {
+    if p.is_empty() { "(root)" } else { p }
+}
+
+async fn list(db: &str) -> Result<ExitCode> {
+    let store = open_existing(db).await?;
+    let boards = store.list_boards(None).await?;
+    if boards.is_empty() {
+        outln!("no boards in {db}; create one with `skillstate board create NAME --schema FILE`");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&["BOARD", "NAME", "VERSION", "AGENTS", "UPDATED"]);
+    for board in boards {
+        table.row(vec![
+            board.id,
+            board.name,
+            board.version.to_string(),
+            board.members.to_string(),
+            format_time(board.updated_at),
+        ]);
+    }
+    out!("{}", table.render());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn author_text(author: &BoardAuthor) -> String {
+    match author {
+        BoardAuthor::Task { task, step } => format!("task {task} step {step}"),
+        BoardAuthor::Key { key } => format!("API key {key}"),
+        BoardAuthor::Cli => "command line".to_owned(),
+    }
+}
+
+async fn show(db: &str, args: ShowArgs) -> Result<ExitCode> {
+    let store = open_existing(db).await?;
+    let board: BoardRecord = store.board(&args.board, None).await?;
+    let version = args.version.unwrap_or(board.version);
+    let state = if version == board.version {
+        board.state.clone()
+    } else {
+        board_state_at(store.as_ref(), &board.id, version).await?
+    };
+    let members = store.board_members(&board.id).await?;
+    let from = version.saturating_sub(args.writes).saturating_add(1);
+    let writes = if args.writes == 0 || version == 0 {
+        Vec::new()
+    } else {
+        store.board_writes(&board.id, from, version).await?
+    };
+    if args.json {
+        let shown = serde_json::json!({
+            "id": board.id,
+            "name": board.name,
+            "version": version,
+            "latest_version": board.version,
+            "state": state,
+            "members": members,
+            "writes": writes,
+        });
+        outln!("{}", serde_json::to_string_pretty(&shown)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!(
+        "board {} ({}) at version {version}{}",
+        board.name,
+        board.id,
+        if version == board.version {
+            String::new()
+        } else {
+            format!(" of {}", board.version)
+        }
+    );
+    outln!("{}", serde_json::to_string_pretty(&state)?);
+    if !members.is_empty() {
+        outln!("\nagents: {}", members.join(", "));
+    }
+    if !writes.is_empty() {
+        outln!();
+        let mut table = Table::new(&["VERSION", "AUTHOR", "WROTE", "REBASED", "AT"]);
+        for write in writes.iter().rev() {
+            let wrote: Vec<String> = skillstate_core::StatePatch::from_value(&write.patch)
+                .map(|p| touched(&p).iter().map(ToString::to_string).collect())
+                .unwrap_or_default();
+            table.row(vec![
+                write.version.to_string(),
+                author_text(&write.author),
+                wrote.join(" "),
+                write
+                    .rebased_from
+                    .map(|v| format!("from v{v}"))
+                    .unwrap_or_default(),
+                format_time(write.created_at),
+            ]);
+        }
+        out!("{}", table.render());
+    }
+    Ok(ExitCode::SUCCESS)
+}

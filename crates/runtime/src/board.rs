@@ -1,0 +1,174 @@
+//! A task attached to a board (README, "Several agents, one state"): each attempt's prompt
+//! shows the newest board through the skill's reads, mounted at `/board` of the shown state;
+//! the answer's board part commits in one transaction with the step, on top of the version the
+//! prompt showed — or, when others wrote since, rebased onto the newest version if the
+//! locations it touches did not change (core's `board::rebase`), and otherwise refused with a
+//! conflict the model sees at its next attempt, with the fresh values.
+
+use serde_json::Value;
+use skillstate_core::StateSchema;
+use skillstate_core::board::{
+    BoardChange, BoardScope, Conflict, apply_board, conflict_rejections, mount_is_free, mounted,
+    rebase,
+};
+use skillstate_core::validate::Rejection;
+use skillstate_store::{BoardAuthor, BoardWrite, StepCommit, Store, StoreError, TaskRecord};
+
+use crate::RuntimeError;
+
+/// How often a commit whose board moved on is rebased and tried again before the answer is
+/// refused as a conflict. Each try rebases onto a newer version; only a board written faster
+/// than this runner can commit exhausts it.
+const COMMIT_TRIES: usize = 16;
+
+/// The board a task is attached to, as its runner needs it.
+pub(crate) struct BoardFrame {
+    pub(crate) id: String,
+    pub(crate) schema: StateSchema,
+    pub(crate) scope: BoardScope,
+}
+
+/// The board one attempt's prompt showed.
+pub(crate) struct BoardSeen {
+    pub(crate) version: u64,
+    pub(crate) state: Value,
+}
+
+/// How a step with a board part ended at the store.
+pub(crate) enum BoardCommitted {
+    /// Committed (on top of the version shown, or rebased onto a newer one).
+    Done,
+    /// Refused: the answer met others' writes, or no longer passes the board's schema on the
+    /// newest version. The rejections, pointed into the shown state, go to the next attempt.
+    Refused(Vec<Rejection>),
+}
+
+impl BoardFrame {
+    /// The board `task` is attached to, if any, with its compiled schema and the skill's scope.
+    pub(crate) async fn of(
+        store: &dyn Store,
+        task: &TaskRecord,
+        scope: Option<&BoardScope>,
+    ) -> Result<Option<Self>, RuntimeError> {
+        let Some(board_id) = store.task_board(&task.id).await? else {
+            return Ok(None);
+        };
+        let stored = |message: String| RuntimeError::StoredTask {
+            task: task.id.clone(),
+            message,
+        };
+        let scope = scope.cloned().ok_or_else(|| {
+            stored(format!(
+                "the task is attached to board {board_id}, but its skill `{}` has no [board] table in skill.toml; declare what it reads and writes (reads = [\"/part\"], writes = [\"/part/mine\"])",
+                task.skill.name
+            ))
+        })?;
+        if !mount_is_free(&task.state) {
+            return Err(stored(
+                "the task's own state has a top-level `board` member, where the board is shown; rename it in the skill's state schema".into(),
+            ));
+        }
+        let board = store.board(&board_id, None).await?;
+        let schema = StateSchema::compile(board.schema).map_err(|defect| {
+            stored(format!(
+                "board {}: its stored schema at {}: {}",
+                board.name, defect.pointer, defect.message
+            ))
+        })?;
+        Ok(Some(Self {
+            id: board.id,
+            schema,
+            scope,
+        }))
+    }
+
+    /// The board as it stands now.
+    pub(crate) async fn read(&self, store: &dyn Store) -> Result<BoardSeen, RuntimeError> {
+        let board = store.board(&self.id, None).await?;
+        Ok(BoardSeen {
+            version: board.version,
+            state: board.state,
+        })
+    }
+
+    /// Commits `commit` (the task's step, at `task_version`) with `change`, computed on
+    /// `seen`, in one transaction; rebases onto newer versions as the rule allows.
+    pub(crate) async fn commit(
+        &self,
+        store: &dyn Store,
+        task: &str,
+        task_version: u64,
+        commit: &StepCommit,
+        seen: &BoardSeen,
+        change: &BoardChange,
+    ) -> Result<BoardCommitted, RuntimeError> {
+        let step = commit.entry.step;
+        let mut target_version = seen.version;
+        let mut write = BoardWrite {
+            patch: change.patch.to_value(),
+            new_state: change.new_state.clone(),
+            state_hash: change.state_hash.clone(),
+            author: BoardAuthor::Task {
+                task: task.to_owned(),
+                step,
+            },
+            rebased_from: None,
+        };
+        for _ in 0..COMMIT_TRIES {
+            match store
+                .commit_step_with_board(
+                    task,
+                    task_version,
+                    commit,
+                    &self.id,
+                    target_version,
+                    &write,
+                )
+                .await
+            {
+                Ok(_) => {
+                    if write.rebased_from.is_some() {
+                        crate::metrics::board_rebased();
+                    }
+                    crate::metrics::board_written();
+                    return Ok(BoardCommitted::Done);
+                }
+                Err(StoreError::BoardMoved { .. }) => {}
+                Err(other) => return Err(other.into()),
+            }
+            let newest = self.read(store).await?;
+            match rebase(&change.patch, &seen.state, &newest.state) {
+                Ok(rebased) => match apply_board(&self.schema, &rebased.patch, &newest.state) {
+                    Ok(applied) => {
+                        write.patch = applied.patch.to_value();
+                        write.new_state = applied.new_state;
+                        write.state_hash = applied.state_hash;
+                        write.rebased_from = Some(seen.version);
+                        target_version = newest.version;
+                    }
+                    Err(problems) => {
+                        crate::metrics::board_conflicted();
+                        return Ok(BoardCommitted::Refused(
+                            problems.into_iter().map(mounted).collect(),
+                        ));
+                    }
+                },
+                Err(conflict) => {
+                    crate::metrics::board_conflicted();
+                    return Ok(BoardCommitted::Refused(self.conflict(&conflict, &newest)));
+                }
+            }
+        }
+        crate::metrics::board_conflicted();
+        let newest = self.read(store).await?;
+        let everything = Conflict {
+            pointers: skillstate_core::board::touched(&change.patch),
+            fresh: Value::Null,
+        };
+        Ok(BoardCommitted::Refused(self.conflict(&everything, &newest)))
+    }
+
+    fn conflict(&self, conflict: &Conflict, newest: &BoardSeen) -> Vec<Rejection> {
+        conflict_rejections(conflict, &newest.state, &self.scope)
+    }
+}
