@@ -2,9 +2,9 @@
 //! events, measures score and tokens from the journal, and reports the comparison the way the
 //! SKILL.state paper does (Table 1 shape, scaling fits, a prompt-size chart).
 
+pub mod board;
 mod chart;
 mod job;
-pub mod board;
 pub mod long_task;
 pub mod queue;
 mod report;

@@ -129,8 +129,7 @@ pub trait Boards: Send + Sync {
         write: &BoardWrite,
     ) -> Result<u64>;
     /// The journal's rows for versions `from..=to` that exist, in order.
-    async fn board_writes(&self, board: &str, from: u64, to: u64)
-    -> Result<Vec<BoardWriteRecord>>;
+    async fn board_writes(&self, board: &str, from: u64, to: u64) -> Result<Vec<BoardWriteRecord>>;
     /// The state the board was created with (version 0).
     async fn board_initial_state(&self, board: &str) -> Result<Value>;
     /// Attaches `task` to `board` (a task belongs to at most one board; attaching it again to
