@@ -97,7 +97,9 @@ pub enum StoreError {
         expected: u64,
         actual: u64,
     },
-    #[error("task {task} is attached to board {attached}, not {board}; a task belongs to one board")]
+    #[error(
+        "task {task} is attached to board {attached}, not {board}; a task belongs to one board"
+    )]
     AttachedElsewhere {
         task: String,
         board: String,

@@ -22,9 +22,8 @@ pub trait Store:
 {
 }
 
-impl<
-    T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Send + Sync,
-> Store for T
+impl<T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Send + Sync>
+    Store for T
 {
 }
 
