@@ -17,9 +17,12 @@ use skillstate_store::{BoardAuthor, BoardWrite, StepCommit, Store, StoreError, T
 use crate::RuntimeError;
 
 /// How often a commit whose board moved on is rebased and tried again before the answer is
-/// refused as a conflict. Each try rebases onto a newer version; only a board written faster
-/// than this runner can commit exhausts it.
-const COMMIT_TRIES: usize = 16;
+/// refused as a conflict. Each try rebases onto a newer version, and every failed try means
+/// another writer's commit landed, so the board as a whole always progresses; but one writer
+/// among N may lose several rounds in a row (with SQLite's group commit, one board write per
+/// group wins and the others see `BoardMoved`): at 8 writers, 16 tries lost about one write in
+/// nine to exhaustion in the board benchmark. At 256 the chance is below 1e-14 per write.
+const COMMIT_TRIES: usize = 256;
 
 /// The board a task is attached to, as its runner needs it.
 pub(crate) struct BoardFrame {
