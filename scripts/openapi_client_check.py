@@ -48,9 +48,13 @@ POLL_SECONDS = 0.1
 # Generated modules that do not load, each for a bug of the pinned generator rather than of
 # the document. openapi-python-client 0.29.1 writes a required request body with several
 # content types as `... | Unset = UNSET` without importing `Unset` (its issue #1451, open), so
-# patchState (merge patch or JSON Patch) is sent through the client's httpx client below. When
-# the pin moves to a release that fixes it, this check fails until the entry is removed.
-KNOWN_BROKEN = {"skillstate_client.api.state.patch_state": "name 'Unset' is not defined"}
+# patchState and patchBoardState (merge patch or JSON Patch) are sent through the client's
+# httpx client. When the pin moves to a release that fixes it, this check fails until the
+# entries are removed.
+KNOWN_BROKEN = {
+    "skillstate_client.api.state.patch_state": "name 'Unset' is not defined",
+    "skillstate_client.api.boards.patch_board_state": "name 'Unset' is not defined",
+}
 
 
 class CheckFailed(Exception):
@@ -144,7 +148,7 @@ def patch_state(client: AuthenticatedClient, task_id: str, etag: str, patch: dic
 
 def run(base_url: str, key: str) -> None:
     modules = import_every_module()
-    print(f"{modules} generated modules import ({len(KNOWN_BROKEN)} known generator bug)")
+    print(f"{modules} generated modules import ({len(KNOWN_BROKEN)} with the known generator bug)")
     client = AuthenticatedClient(
         base_url=base_url,
         token=key,
