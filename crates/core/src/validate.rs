@@ -202,26 +202,26 @@ pub struct RejectedStep {
     pub rejections: Vec<Rejection>,
 }
 
+/// The first check of every answer: its outer shape, or a `parse` rejection.
+pub(crate) fn parse_answer(raw_output: &str) -> Result<ParsedOutput, RejectedStep> {
+    parse_output(raw_output).map_err(|problem| RejectedStep {
+        parsed: None,
+        rejections: vec![Rejection {
+            kind: RejectionKind::Parse,
+            document: Document::Output,
+            pointer: problem.pointer,
+            message: problem.message,
+        }],
+    })
+}
+
 /// Runs the whole pipeline on one raw model output. `state` is only read.
 pub fn validate_step(
     rules: &StepRules<'_>,
     state: &Value,
     raw_output: &str,
 ) -> Result<AcceptedStep, RejectedStep> {
-    let parsed = match parse_output(raw_output) {
-        Ok(parsed) => parsed,
-        Err(problem) => {
-            return Err(RejectedStep {
-                parsed: None,
-                rejections: vec![Rejection {
-                    kind: RejectionKind::Parse,
-                    document: Document::Output,
-                    pointer: problem.pointer,
-                    message: problem.message,
-                }],
-            });
-        }
-    };
+    let parsed = parse_answer(raw_output)?;
     let mut rejections = Vec::new();
     let patched = check_patch(rules, state, &parsed.state_patch, &mut rejections);
     let action = check_action(rules.catalog, &parsed.action, &mut rejections);

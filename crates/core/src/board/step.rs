@@ -21,12 +21,11 @@ use super::rebase::Conflict;
 use super::scope::BoardScope;
 use super::write_check::check_writes;
 use crate::json::state_hash;
-use crate::output::parse_output;
 use crate::patch::StatePatch;
 use crate::schema::StateSchema;
 use crate::validate::{
     AcceptedStep, Document, RejectedStep, Rejection, RejectionKind, StepRules, check_action,
-    check_patch_with,
+    check_patch_with, parse_answer,
 };
 
 /// The member of the shown state that holds the board.
@@ -189,20 +188,7 @@ pub fn validate_board_step(
     board_state: &Value,
     raw_output: &str,
 ) -> Result<AcceptedStep, RejectedStep> {
-    let parsed = match parse_output(raw_output) {
-        Ok(parsed) => parsed,
-        Err(problem) => {
-            return Err(RejectedStep {
-                parsed: None,
-                rejections: vec![Rejection {
-                    kind: RejectionKind::Parse,
-                    document: Document::Output,
-                    pointer: problem.pointer,
-                    message: problem.message,
-                }],
-            });
-        }
-    };
+    let parsed = parse_answer(raw_output)?;
     let mut rejections = Vec::new();
     let split = split_patch(&parsed.state_patch, &mut rejections);
     let mut task_part = None;
