@@ -24,10 +24,10 @@ use skillstate_store::{
 use utoipa::IntoParams;
 
 use super::is_task_id;
-use super::state::{JSON_PATCH, MERGE_PATCH, etag, if_match_version, matches_etag};
+use super::state::{etag, if_match_version, matches_etag, read_patch};
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::json::{ApiJson, ApiQuery, parse_body, read_body};
+use crate::json::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{
     BoardList, BoardListItem, BoardView, BoardWritePage, BoardWriteView, CreateBoardRequest,
@@ -368,47 +368,7 @@ pub async fn patch_board_state(
 ) -> Result<Response, ApiError> {
     let mut board = owned_board(&state, &caller, &id).await?;
     let if_match = if_match_version(request.headers())?;
-    let content_type = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let expects = match content_type.as_str() {
-        MERGE_PATCH => Some(true),
-        JSON_PATCH => Some(false),
-        "application/json" => None,
-        other => {
-            return Err(ApiError::UnsupportedMediaType {
-                detail: format!(
-                    "a board write is `{MERGE_PATCH}` (an object) or `{JSON_PATCH}` (an array of operations), not `{}`",
-                    if other.is_empty() { "none" } else { other }
-                ),
-            });
-        }
-    };
-    let body = read_body(request, &state).await?;
-    let patch: Value = parse_body(&body, state.config.max_json_depth)?;
-    match (expects, &patch) {
-        (Some(true), Value::Object(_)) | (Some(false), Value::Array(_)) => {}
-        (None, Value::Object(_) | Value::Array(_)) => {}
-        _ => {
-            return Err(ApiError::invalid(
-                "the body is not a patch of this media type",
-                vec![FieldError::new(
-                    "patch",
-                    "",
-                    format!(
-                        "a merge patch is a JSON object and a JSON Patch a JSON array (Content-Type `{content_type}`)"
-                    ),
-                )],
-            ));
-        }
-    }
+    let patch = read_patch(request, &state, "board").await?;
     let parsed = StatePatch::from_value(&patch).map_err(|problem| {
         ApiError::invalid(
             "the patch is malformed",

@@ -192,47 +192,7 @@ pub async fn patch_state(
 ) -> Result<Response, ApiError> {
     let task = owned_state(&state, &caller, &id, keyed).await?;
     let if_match = if_match_version(request.headers())?;
-    let content_type = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let expects = match content_type.as_str() {
-        MERGE_PATCH => Some(true),
-        JSON_PATCH => Some(false),
-        "application/json" => None,
-        other => {
-            return Err(ApiError::UnsupportedMediaType {
-                detail: format!(
-                    "a state write is `{MERGE_PATCH}` (an object) or `{JSON_PATCH}` (an array of operations), not `{}`",
-                    if other.is_empty() { "none" } else { other }
-                ),
-            });
-        }
-    };
-    let body = read_body(request, &state).await?;
-    let patch: Value = parse_body(&body, state.config.max_json_depth)?;
-    match (expects, &patch) {
-        (Some(true), Value::Object(_)) | (Some(false), Value::Array(_)) => {}
-        (None, Value::Object(_) | Value::Array(_)) => {}
-        _ => {
-            return Err(ApiError::invalid(
-                "the body is not a patch of this media type",
-                vec![FieldError::new(
-                    "patch",
-                    "",
-                    format!(
-                        "a merge patch is a JSON object and a JSON Patch a JSON array (Content-Type `{content_type}`)"
-                    ),
-                )],
-            ));
-        }
-    }
+    let patch = read_patch(request, &state, "state").await?;
     let write = StateWrite {
         task: &task.id,
         if_match,
@@ -292,6 +252,58 @@ fn write_error(error: StateWriteError) -> ApiError {
         StateWriteError::Store(error) => ApiError::from_state_write(error),
         other => ApiError::Internal(other.to_string()),
     }
+}
+
+/// A PATCH body under the limits: a merge patch object (`application/merge-patch+json`), a
+/// JSON Patch array (`application/json-patch+json`), or either as `application/json`. `what`
+/// names what is written, for the 415 answer.
+pub(crate) async fn read_patch(
+    request: Request,
+    state: &AppState,
+    what: &str,
+) -> Result<Value, ApiError> {
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let expects = match content_type.as_str() {
+        MERGE_PATCH => Some(true),
+        JSON_PATCH => Some(false),
+        "application/json" => None,
+        other => {
+            return Err(ApiError::UnsupportedMediaType {
+                detail: format!(
+                    "a {what} write is `{MERGE_PATCH}` (an object) or `{JSON_PATCH}` (an array of operations), not `{}`",
+                    if other.is_empty() { "none" } else { other }
+                ),
+            });
+        }
+    };
+    let body = read_body(request, state).await?;
+    let patch: Value = parse_body(&body, state.config.max_json_depth)?;
+    match (expects, &patch) {
+        (Some(true), Value::Object(_)) | (Some(false), Value::Array(_)) => {}
+        (None, Value::Object(_) | Value::Array(_)) => {}
+        _ => {
+            return Err(ApiError::invalid(
+                "the body is not a patch of this media type",
+                vec![FieldError::new(
+                    "patch",
+                    "",
+                    format!(
+                        "a merge patch is a JSON object and a JSON Patch a JSON array (Content-Type `{content_type}`)"
+                    ),
+                )],
+            ));
+        }
+    }
+    Ok(patch)
 }
 
 #[cfg(test)]
