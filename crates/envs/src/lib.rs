@@ -2,6 +2,7 @@
 //! paper") and the registry that builds a skill's environment from its `[environment]` settings.
 
 pub mod admin_panel;
+pub mod bugfix;
 pub mod noise;
 pub mod oracle;
 mod params;
@@ -15,7 +16,13 @@ use skillstate_core::{SideEffect, ToolSpec};
 use skillstate_tools::{Environment, EnvironmentError};
 
 /// Names of the built-in environments.
-pub const ENVIRONMENTS: &[&str] = &[warehouse::KIND, repository::KIND, admin_panel::KIND];
+pub const ENVIRONMENTS: &[&str] = &[
+    warehouse::KIND,
+    repository::KIND,
+    admin_panel::KIND,
+    bugfix::coder::KIND,
+    bugfix::reviewer::KIND,
+];
 
 /// Whether an environment opens its task with the user's request (`run --input`), which it
 /// receives as its `request` parameter.
@@ -44,6 +51,12 @@ pub fn build_environment(
         ))),
         admin_panel::KIND => Ok(Box::new(admin_panel::AdminPanel::new(
             admin_panel::AdminPanelConfig::from_params(&settings.params)?,
+        ))),
+        bugfix::coder::KIND => Ok(Box::new(bugfix::coder::Coder::new(
+            bugfix::BugfixConfig::from_params(bugfix::coder::KIND, &settings.params)?,
+        ))),
+        bugfix::reviewer::KIND => Ok(Box::new(bugfix::reviewer::Reviewer::new(
+            bugfix::BugfixConfig::from_params(bugfix::reviewer::KIND, &settings.params)?,
         ))),
         other => Err(EnvironmentError::Config {
             kind: other.to_owned(),

@@ -4,6 +4,8 @@
 //! the model: an upper bound that a real model can only approach.
 
 mod admin_panel;
+mod bugfix_coder;
+mod bugfix_reviewer;
 mod repository;
 mod view;
 mod warehouse;
@@ -22,6 +24,8 @@ pub fn answer(kind: &str, prompt: &str) -> Option<String> {
         crate::warehouse::KIND => Some(warehouse::answer(prompt)),
         crate::repository::KIND => Some(repository::answer(prompt)),
         crate::admin_panel::KIND => Some(admin_panel::answer(prompt)),
+        crate::bugfix::coder::KIND => Some(bugfix_coder::answer(prompt)),
+        crate::bugfix::reviewer::KIND => Some(bugfix_reviewer::answer(prompt)),
         _ => None,
     }
 }
@@ -33,6 +37,8 @@ enum Kind {
     Warehouse,
     Repository,
     AdminPanel,
+    BugfixCoder,
+    BugfixReviewer,
 }
 
 /// The oracle for one environment kind.
@@ -52,6 +58,12 @@ impl OracleModel {
             }),
             crate::admin_panel::KIND => Ok(Self {
                 kind: Kind::AdminPanel,
+            }),
+            crate::bugfix::coder::KIND => Ok(Self {
+                kind: Kind::BugfixCoder,
+            }),
+            crate::bugfix::reviewer::KIND => Ok(Self {
+                kind: Kind::BugfixReviewer,
             }),
             other => Err(ProviderError::UnknownSpec(format!(
                 "oracle (no oracle policy for the `{other}` environment; it exists for: {})",
@@ -74,6 +86,8 @@ impl ModelProvider for OracleModel {
             Kind::Warehouse => warehouse::answer(&prompt),
             Kind::Repository => repository::answer(&prompt),
             Kind::AdminPanel => admin_panel::answer(&prompt),
+            Kind::BugfixCoder => bugfix_coder::answer(&prompt),
+            Kind::BugfixReviewer => bugfix_reviewer::answer(&prompt),
         };
         Ok(ModelResponse {
             text,
