@@ -32,7 +32,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::require_key;
 use crate::factory::TaskFactory;
 use crate::problem::finish_problems;
-use crate::routes::{batches, boards, events, inbox, journal, ops, state, tasks};
+use crate::routes::{batches, board_events, boards, events, inbox, journal, ops, state, tasks};
 
 /// The service's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +91,9 @@ pub struct AppState {
     /// Prices by model spec (`[prices]` of skillstate.toml), for the cost in task and batch
     /// responses; a model without one has no cost.
     pub(crate) prices: Arc<BTreeMap<String, Price>>,
+    /// The hex SHA-256 of the local key of `skillstate view` ([`crate::auth`]), held in
+    /// memory only.
+    pub(crate) local_key: Option<Arc<str>>,
 }
 
 /// Tells long-lived responses (event streams) that the server is shutting down, so the
@@ -131,6 +134,7 @@ impl AppState {
             shutdown: ShutdownNotice::new(),
             bench: None,
             prices: Arc::default(),
+            local_key: None,
         }
     }
 
@@ -144,6 +148,15 @@ impl AppState {
     /// web viewer's bench page.
     pub fn with_bench_results(mut self, results: Vec<u8>) -> Self {
         self.bench = Some(Bytes::from(results));
+        self
+    }
+
+    /// Accepts `secret` as the local key of `skillstate view`: a key that sees every task,
+    /// board and batch of the database (of any tenant, or none) and creates nothing. Only its
+    /// hash is kept, in this state (never in the store), so it works while this state is
+    /// served and with nothing else.
+    pub fn with_local_key(mut self, secret: &str) -> Self {
+        self.local_key = Some(Arc::from(crate::auth::hash_secret(secret)));
         self
     }
 
@@ -204,6 +217,7 @@ pub fn router(state: AppState) -> Router {
             get(boards::get_board_state).patch(boards::patch_board_state),
         )
         .route("/v1/boards/{id}/writes", get(boards::list_board_writes))
+        .route("/v1/boards/{id}/events", get(board_events::board_events))
         .route(
             "/v1/boards/{id}/writes/{version}/state",
             get(boards::board_state_at_version),

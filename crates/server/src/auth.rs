@@ -5,9 +5,16 @@
 //! malformed, unknown or revoked key is 401 with `WWW-Authenticate: Bearer` (one answer for
 //! all four, so a caller learns nothing about keys it does not hold). The key's tenant goes into
 //! the request's extensions as a [`Caller`]; routes show a tenant only its own tasks.
+//!
+//! The local key of `skillstate view` ([`AppState::with_local_key`]) is the one key not in
+//! the store: the server holds only its hash, in memory, for as long as the process runs. It
+//! sees every task, board and batch of the database, of any tenant or none (tasks made by the
+//! CLI belong to none), and steers them as a tenant key does (approve, reply, messages, state
+//! and board writes); it creates nothing (`POST /v1/tasks`, `/v1/tasks:batch` and
+//! `/v1/boards` are 403), since what it would create would belong to no tenant's key.
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -29,6 +36,26 @@ pub struct Caller {
     /// on /v1/boards (403 elsewhere), sees the projection of its reads and writes only its
     /// writes. `None`: the tenant's full access.
     pub scope: Option<BoardScope>,
+    /// The local key of `skillstate view`: everything of the database is visible, whatever
+    /// its tenant (`tenant` is empty and names nobody).
+    pub whole_database: bool,
+}
+
+/// The key id recorded as the author of what the local key of `skillstate view` writes.
+pub const LOCAL_KEY_ID: &str = "local-view";
+
+impl Caller {
+    /// Whether the caller may see a task, board or batch owned by `owner` (`None`: created
+    /// outside the service).
+    pub fn sees(&self, owner: Option<&str>) -> bool {
+        self.whole_database || owner == Some(self.tenant.as_str())
+    }
+
+    /// The tenant a listing is limited to: `None` for the local key (every tenant, and what
+    /// belongs to none).
+    pub fn tenant_filter(&self) -> Option<String> {
+        (!self.whole_database).then(|| self.tenant.clone())
+    }
 }
 
 /// The prefix of every key secret, so leaked keys are recognisable to secret scanners.
@@ -73,6 +100,12 @@ pub async fn require_key(
     let task = state_route_task(&request);
     match authenticate(&state, header.as_ref(), task.as_deref()).await {
         Ok((caller, keyed)) => {
+            if caller.whole_database && creates(&request) {
+                return ApiError::Forbidden {
+                    detail: "the key of `skillstate view` shows and steers what this database holds; it creates nothing. Create tasks with `skillstate run` or `skillstate batch submit`, boards with `skillstate board create`, or use a tenant's key (`skillstate keys create`) with `skillstate serve`".into(),
+                }
+                .into_response();
+            }
             if caller.scope.is_some() && !is_board_route(&request) {
                 return ApiError::Forbidden {
                     detail: "this API key is limited to board pointers; it works only on /v1/boards routes. Use a key of the tenant without limits".into(),
@@ -97,6 +130,20 @@ fn is_board_route(request: &Request) -> bool {
         .is_some_and(|route| {
             route.as_str() == "/v1/boards" || route.as_str().starts_with("/v1/boards/")
         })
+}
+
+/// Whether the request creates a task, a batch or a board (what the local key may not do).
+fn creates(request: &Request) -> bool {
+    request.method() == Method::POST
+        && request
+            .extensions()
+            .get::<MatchedPath>()
+            .is_some_and(|route| {
+                matches!(
+                    route.as_str(),
+                    "/v1/tasks" | "/v1/tasks:batch" | "/v1/boards"
+                )
+            })
 }
 
 /// The task of a request to `/v1/tasks/{id}/state` with a well-formed full id.
@@ -137,6 +184,21 @@ async fn authenticate(
         .and_then(bearer_token)
         .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <key>`"))?;
     let hash = hash_secret(secret);
+    if state
+        .local_key
+        .as_deref()
+        .is_some_and(|local| same_hash(local, &hash))
+    {
+        return Ok((
+            Caller {
+                tenant: String::new(),
+                key_id: LOCAL_KEY_ID.to_owned(),
+                scope: None,
+                whole_database: true,
+            },
+            None,
+        ));
+    }
     let (key, keyed) = match task {
         Some(task) => {
             let (key, read) = state.store.key_and_task_state(&hash, task).await;
@@ -160,6 +222,7 @@ async fn authenticate(
                     tenant: key.tenant,
                     key_id: key.id,
                     scope,
+                    whole_database: false,
                 },
                 keyed,
             ))
@@ -168,6 +231,15 @@ async fn authenticate(
             "the API key is unknown or revoked; ask for a valid key (`skillstate keys list` shows which are valid)",
         )),
     }
+}
+
+/// `a == b` in time independent of where they differ (both are hex SHA-256 digests).
+fn same_hash(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |differ, (x, y)| differ | (x ^ y))
+            == 0
 }
 
 /// The token of `Bearer <token>` (scheme case-insensitive, RFC 7235), if well-formed.
@@ -203,5 +275,13 @@ mod tests {
         assert_eq!(bearer_token("Basic abc"), None);
         assert_eq!(bearer_token("Bearer "), None);
         assert_eq!(bearer_token("Bearer a b"), None);
+    }
+
+    #[test]
+    fn hashes_compare_whole() {
+        let a = hash_secret("a");
+        assert!(same_hash(&a, &hash_secret("a")));
+        assert!(!same_hash(&a, &hash_secret("b")));
+        assert!(!same_hash(&a, &a[..63]));
     }
 }

@@ -35,7 +35,7 @@ pub use app::{
     DEFAULT_MAX_BATCH, DEFAULT_MAX_JSON_DEPTH, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
     ServerConfig, router, serve,
 };
-pub use auth::{Caller, SECRET_PREFIX, hash_secret, new_key_secret};
+pub use auth::{Caller, LOCAL_KEY_ID, SECRET_PREFIX, hash_secret, new_key_secret};
 pub use factory::{
     ContextName, CreateTaskRequest, TaskFactory, check_initial_state, check_request, skill_dir,
 };

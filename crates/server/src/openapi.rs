@@ -11,13 +11,14 @@ use crate::batch_report::{BatchInfo, Counts, Metrics, Percentiles, Standing, Tas
 use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
 use crate::routes::batches::{BatchListItem, BatchPage, BatchView};
+use crate::routes::board_events::BoardEventView;
 use crate::routes::events::{EventKindName, EventView};
 use crate::routes::inbox::{
     ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
 };
 use crate::routes::journal::ForkRequest;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{batches, boards, events, inbox, journal, ops, state, tasks};
+use crate::routes::{batches, board_events, boards, events, inbox, journal, ops, state, tasks};
 use crate::views::*;
 
 #[derive(OpenApi)]
@@ -57,6 +58,7 @@ use crate::views::*;
         boards::patch_board_state,
         boards::list_board_writes,
         boards::board_state_at_version,
+        board_events::board_events,
         ops::healthz,
         ops::readyz,
         ops::openapi,
@@ -110,6 +112,7 @@ use crate::views::*;
         AuthorView,
         BoardWriteView,
         BoardWritePage,
+        BoardEventView,
     )),
     modifiers(&BearerKey),
     tags(

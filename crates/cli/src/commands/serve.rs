@@ -135,16 +135,25 @@ impl TaskFactory for SkillsFactory {
 }
 
 pub async fn run(db: &str, config_path: Option<&Path>, args: ServeArgs) -> Result<ExitCode> {
-    run_with(db, config_path, args, None).await
+    run_with(db, config_path, args, Viewer::default()).await
 }
 
-/// Serves as `run` does; `bench` (a bench's results.json) is shown by the web viewer
-/// (`skillstate view --bench`).
+/// What `skillstate view` adds to a server.
+#[derive(Default)]
+pub(crate) struct Viewer {
+    /// A bench's results.json, shown by the web viewer's bench page (`view --bench`).
+    pub(crate) bench: Option<Vec<u8>>,
+    /// The secret of this process's local key (it sees the whole database); its link is
+    /// printed on standard output, never logged.
+    pub(crate) local_key: Option<String>,
+}
+
+/// Serves as `run` does, with what `view` adds.
 pub(crate) async fn run_with(
     db: &str,
     config_path: Option<&Path>,
     args: ServeArgs,
-    bench: Option<Vec<u8>>,
+    viewer: Viewer,
 ) -> Result<ExitCode> {
     let config = load_config(config_path)?;
     let store = open_store(db, &config).await?;
@@ -158,8 +167,11 @@ pub(crate) async fn run_with(
     });
     let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default())
         .with_prices(config.prices.clone());
-    if let Some(results) = bench {
+    if let Some(results) = viewer.bench {
         state = state.with_bench_results(results);
+    }
+    if let Some(secret) = &viewer.local_key {
+        state = state.with_local_key(secret);
     }
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -183,9 +195,19 @@ pub(crate) async fn run_with(
         skills.display(),
         args.workers
     );
-    errln!(
-        "web viewer: http://{address}/ (it asks for an API key: skillstate keys create --tenant <name>)"
-    );
+    match &viewer.local_key {
+        Some(secret) => {
+            errln!(
+                "web viewer: http://{address}/ — open the link on standard output: it carries a key of this process only (every task and board of {db}; it ends with the process)"
+            );
+            // Standard output, apart from the log lines on standard error; the key is in the
+            // fragment, which browsers never send to the server.
+            outln!("http://{address}/#key={secret}");
+        }
+        None => errln!(
+            "web viewer: http://{address}/ (it asks for an API key: skillstate keys create --tenant <name>)"
+        ),
+    }
     let shutdown = async move {
         while *stop.borrow() == StopLevel::Run {
             if stop.changed().await.is_err() {

@@ -1,5 +1,11 @@
 //! `skillstate view`: the web viewer over a local database — `serve` on a loopback address,
 //! API-only unless given workers, optionally with a bench's results.json for the bench page.
+//!
+//! It mints a key for this process only (the server keeps its hash in memory, never in the
+//! database) that sees every task, board and batch of the database — those the CLI made belong
+//! to no tenant — and prints the viewer's link with the key in its fragment
+//! (`http://127.0.0.1:8080/#key=sk_…`): the page moves it to the tab's sessionStorage and
+//! removes it from the address bar; the fragment never reaches the server or its logs.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -7,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
-use super::serve::{ServeArgs, run_with};
+use super::serve::{ServeArgs, Viewer, run_with};
 
 #[derive(clap::Args)]
 pub struct ViewArgs {
@@ -48,7 +54,11 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ViewArgs) -> Result
         skills: args.skills,
         workers: args.workers,
     };
-    run_with(db, config_path, serve, bench).await
+    let viewer = Viewer {
+        bench,
+        local_key: Some(skillstate_server::new_key_secret()),
+    };
+    run_with(db, config_path, serve, viewer).await
 }
 
 /// The file's bytes, once they read as a bench report.

@@ -150,14 +150,26 @@ pub async fn list_batches(
             "cursor `{cursor}` is not one this server gave; pass back `next_cursor` unchanged"
         )));
     }
-    let mut batches = state
-        .store
-        .list_batches_page(&BatchQuery {
-            tenant: caller.tenant.clone(),
-            after: query.cursor.clone(),
-            limit: limit + 1,
-        })
-        .await?;
+    let mut batches = match caller.tenant_filter() {
+        Some(tenant) => {
+            state
+                .store
+                .list_batches_page(&BatchQuery {
+                    tenant,
+                    after: query.cursor.clone(),
+                    limit: limit + 1,
+                })
+                .await?
+        }
+        // The local key of `skillstate view`: every batch of the database, in the same order.
+        None => {
+            let mut all = state.store.list_batches().await?;
+            all.retain(|b| query.cursor.as_ref().is_none_or(|after| b.id < *after));
+            all.sort_by(|a, b| b.id.cmp(&a.id));
+            all.truncate(limit as usize + 1);
+            all
+        }
+    };
     let more = batches.len() > limit as usize;
     batches.truncate(limit as usize);
     let next_cursor = if more {
@@ -204,7 +216,7 @@ pub async fn get_batch(
         return Err(no_batch(&id));
     }
     match state.store.batch_tenant(&id).await {
-        Ok(Some(tenant)) if tenant == caller.tenant => {}
+        Ok(tenant) if caller.sees(tenant.as_deref()) => {}
         Ok(_) | Err(StoreError::NoSuchBatch(_)) => return Err(no_batch(&id)),
         Err(other) => return Err(other.into()),
     }

@@ -57,14 +57,17 @@ impl ApiError {
 
 /// The board `id` if the caller's tenant owns it; a missing board, a malformed id and another
 /// tenant's board (or one created outside the service) are the same 404.
-async fn owned_board(state: &AppState, caller: &Caller, id: &str) -> Result<BoardRecord, ApiError> {
+pub(super) async fn owned_board(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<BoardRecord, ApiError> {
     if !is_task_id(id) {
         return Err(ApiError::no_board(id));
     }
-    match state.store.board(id, Some(&caller.tenant)).await {
-        Ok(board) if board.id == id && board.tenant.as_deref() == Some(caller.tenant.as_str()) => {
-            Ok(board)
-        }
+    let tenant = caller.tenant_filter();
+    match state.store.board(id, tenant.as_deref()).await {
+        Ok(board) if board.id == id && caller.sees(board.tenant.as_deref()) => Ok(board),
         Ok(_) | Err(StoreError::NoSuchBoard(_)) => Err(ApiError::no_board(id)),
         Err(other) => Err(other.into()),
     }
@@ -233,7 +236,10 @@ pub async fn list_boards(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<axum::Json<BoardList>, ApiError> {
-    let boards = state.store.list_boards(Some(&caller.tenant)).await?;
+    let boards = state
+        .store
+        .list_boards(caller.tenant_filter().as_deref())
+        .await?;
     Ok(axum::Json(BoardList {
         boards: boards.iter().map(BoardListItem::of).collect(),
     }))

@@ -1,5 +1,6 @@
 //! Live events as Server-Sent Events: one task's (`GET /v1/tasks/{id}/events`) or every task's
-//! of the caller's tenant (`GET /v1/events`).
+//! of the caller's tenant (`GET /v1/events`); a board's are in [`super::board_events`], which
+//! shares this module's start positions and final events.
 //!
 //! Each SSE event carries the store's durable position as its `id`, the event's kind as its
 //! `event` name and an [`EventView`] as its `data`. A client that reconnects with
@@ -255,17 +256,17 @@ pub async fn tenant_events(
 
 /// Where the caller resumes, and which field said so (for the problem when it is not a
 /// position).
-struct Start {
-    after: Option<String>,
+pub(super) struct Start {
+    pub(super) after: Option<String>,
     /// `?after=latest`: after the last event readable now.
-    latest: bool,
-    named_by: &'static str,
+    pub(super) latest: bool,
+    pub(super) named_by: &'static str,
 }
 
 /// The position to resume after: `Last-Event-ID` when present, else `after`. An empty value
 /// means "from the first event" (an SSE client that received no id sends none, or an empty
 /// one).
-fn start_position(headers: &HeaderMap, query: EventsQuery) -> Result<Start, ApiError> {
+pub(super) fn start_position(headers: &HeaderMap, query: EventsQuery) -> Result<Start, ApiError> {
     if let Some(value) = headers.get("last-event-id") {
         let text = value.to_str().map_err(|_| {
             ApiError::bad_request(
@@ -296,7 +297,7 @@ async fn stream(
     start: Start,
 ) -> Result<Response, ApiError> {
     let mut query = EventQuery {
-        tenant: Some(caller.tenant.clone()),
+        tenant: caller.tenant_filter(),
         task: task.clone(),
         after: start.after,
         limit: EVENT_PAGE,
@@ -347,7 +348,7 @@ async fn stream(
 }
 
 /// A refused position as quoted back: at most [`QUOTED_POSITION`] characters.
-fn quoted(position: &str) -> String {
+pub(super) fn quoted(position: &str) -> String {
     match position.char_indices().nth(QUOTED_POSITION) {
         Some((end, _)) => format!("{}…", &position[..end]),
         None => position.to_owned(),
@@ -478,7 +479,7 @@ impl Feed {
 }
 
 /// Completes once the shutdown has started; never when nobody can start it any more.
-async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
+pub(super) async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
     if shutdown.wait_for(|stopping| *stopping).await.is_err() {
         std::future::pending::<()>().await;
     }
@@ -497,7 +498,7 @@ fn event_of(record: &EventRecord, redaction: &Redaction) -> Event {
 }
 
 /// The last event of a stream the server ends because it is shutting down.
-fn shutdown_event() -> Event {
+pub(super) fn shutdown_event() -> Event {
     Event::default().event("shutdown").data(
         json!({
             "detail": "the server is shutting down; reconnect with Last-Event-ID set to the last event's id to resume where this stream ended"
@@ -507,7 +508,7 @@ fn shutdown_event() -> Event {
 }
 
 /// The last event of a stream whose store read failed: a problem, without the store's text.
-fn error_event() -> Event {
+pub(super) fn error_event() -> Event {
     let problem = ApiError::Unavailable {
         detail: "reading events failed (it was logged); reconnect with Last-Event-ID set to the last event's id to resume where this stream ended".into(),
     }

@@ -2,6 +2,7 @@
 //! finding a task the caller's tenant owns, and holding a task still while it is changed from outside a runner.
 
 pub mod batches;
+pub mod board_events;
 pub mod boards;
 pub mod events;
 pub mod inbox;
@@ -45,7 +46,7 @@ pub(crate) async fn owned_task(
         }
         Err(other) => return Err(other.into()),
     };
-    if task.id != id || task.tenant.as_deref() != Some(caller.tenant.as_str()) {
+    if task.id != id || !caller.sees(task.tenant.as_deref()) {
         return Err(ApiError::no_task(id));
     }
     Ok(task)
@@ -185,6 +186,7 @@ mod tests {
             tenant: "acme".into(),
             key_id: "key-1".into(),
             scope: None,
+            whole_database: false,
         };
         (dir, AppState::new(store, Arc::new(NoFactory)), caller, id)
     }

@@ -103,7 +103,7 @@ async fn owned_state(
         Err(StoreError::NotFound(_)) => return Err(ApiError::no_task(id)),
         Err(other) => return Err(other.into()),
     };
-    if task.tenant.as_deref() != Some(caller.tenant.as_str()) {
+    if !caller.sees(task.tenant.as_deref()) {
         return Err(ApiError::no_task(id));
     }
     Ok(task)

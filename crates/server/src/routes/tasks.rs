@@ -434,7 +434,7 @@ pub async fn list_tasks(
     let mut tasks = state
         .store
         .list_tasks_page(&TaskQuery {
-            tenant: Some(caller.tenant.clone()),
+            tenant: caller.tenant_filter(),
             status: query.status.map(StatusName::status),
             skill: query.skill.clone(),
             label,
