@@ -9,6 +9,7 @@ pub mod long_task;
 pub mod queue;
 mod report;
 pub mod stats;
+pub mod team;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
