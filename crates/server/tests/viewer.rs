@@ -786,3 +786,217 @@ async fn drive(
     assert!(severe.is_empty(), "{severe:#?}");
     Ok(())
 }
+
+/// Boards in the browser, with the local key of `skillstate view`: a board of no tenant written
+/// by two agents (tasks of no tenant, run by the runtime as the CLI runs them), opened from a
+/// link that carries the key in its fragment — no key typed. The boards list, the board's
+/// writes as a timeline with diffs and authors, its members, the version slider against the
+/// API's state at that version, and a new write showing up live (rebased, as the API made it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boards_in_a_real_browser_with_the_local_key() {
+    let driver = Driver::start().await.unwrap();
+    let harness = Harness::new(Db::sqlite().await).await;
+    let store = harness.store();
+    // Two agents of three writes each on one board (the board benchmark's team, small).
+    let team = skillstate_bench::board::run_board_bench(store.clone(), "sqlite", 2, 3)
+        .await
+        .unwrap();
+    assert_eq!((team.completed, team.board_writes), (2, 6));
+    let boards = store.list_boards(None).await.unwrap();
+    let board = boards[0].clone();
+    let members = store.board_members(&board.id).await.unwrap();
+    assert_eq!(members.len(), 2);
+    let local = skillstate_server::new_key_secret();
+    let api = Socket::start(harness.state.clone().with_local_key(&local)).await;
+
+    let browser = driver.session(1400, 1000).await.unwrap();
+    let shots = screenshots();
+    let result = drive_boards(&browser, &api, &local, &board.id, &members, &shots).await;
+    if result.is_err() {
+        let _ = browser.screenshot(&shots.join("boards-failure.png")).await;
+    }
+    let _ = browser.quit().await;
+    api.stop().await;
+    result.unwrap();
+}
+
+async fn drive_boards(
+    browser: &Browser,
+    api: &Socket,
+    key: &str,
+    board: &str,
+    members: &[String],
+    shots: &std::path::Path,
+) -> anyhow::Result<()> {
+    // The link `skillstate view` prints: the key goes to the tab's sessionStorage and out of
+    // the address bar; the list shows the tasks of no tenant.
+    browser.goto(&format!("{}/#key={key}", api.base)).await?;
+    for task in members {
+        browser
+            .wait(&format!("#task-table tr[data-task='{task}']"), WAIT)
+            .await?;
+    }
+    let address = browser.script("return location.href", json!([])).await?;
+    let address = address.as_str().unwrap_or_default();
+    assert!(
+        !address.contains(key) && address.ends_with("/#/"),
+        "{address}"
+    );
+    assert_eq!(
+        browser
+            .script("return sessionStorage.getItem('skillstate.key')", json!([]))
+            .await?,
+        json!(key)
+    );
+    assert!(browser.find("#key-input").await?.is_none());
+
+    // The boards list: name, version, members.
+    let nav = browser.wait("#nav-boards", WAIT).await?;
+    browser.click(&nav).await?;
+    let row = format!("#board-table tr[data-board='{board}']");
+    browser.wait(&row, WAIT).await?;
+    assert_eq!(browser.text_of(&format!("{row} td.version")).await?, "6");
+    assert_eq!(browser.text_of(&format!("{row} td.members")).await?, "2");
+    browser.screenshot(&shots.join("board-list.png")).await?;
+    let link = browser.wait(&format!("{row} a.board-link"), WAIT).await?;
+    browser.click(&link).await?;
+
+    // The writes: one row per version, each with its author's task and a diff.
+    browser
+        .wait("#board-writes tr.write[data-version='6']", WAIT)
+        .await?;
+    assert_eq!(browser.find_all("#board-writes tr.write").await?.len(), 6);
+    let journal = get(api, key, &format!("/v1/boards/{board}/writes")).await;
+    for write in journal["writes"].as_array().unwrap() {
+        let version = write["version"].as_u64().unwrap();
+        let task = write["author"]["task"].as_str().unwrap();
+        assert!(members.iter().any(|m| m == task));
+        let author = browser
+            .wait(
+                &format!("#board-writes tr.write[data-version='{version}'] a.author-task"),
+                WAIT,
+            )
+            .await?;
+        let href = browser
+            .attribute(&author, "href")
+            .await?
+            .unwrap_or_default();
+        assert!(href.contains(&format!("#/tasks/{task}")), "{href}");
+        // The agent's count goes up by one: a changed value at its pointer.
+        let (agent, count) = write["patch"]["agents"]
+            .as_object()
+            .and_then(|m| m.iter().next())
+            .map(|(k, v)| (k.clone(), v["count"].clone()))
+            .unwrap();
+        let change = browser
+            .text_of(&format!(
+                "#board-writes tr.write[data-version='{version}'] li.changed[data-pointer='/agents/{agent}/count']"
+            ))
+            .await?;
+        assert!(change.ends_with(&format!("→ {count}")), "{change}");
+    }
+    for task in members {
+        browser
+            .wait(
+                &format!("#board-members li[data-task='{task}'] a.member-link"),
+                WAIT,
+            )
+            .await?;
+    }
+
+    // The slider, by keyboard: Home, then three versions right; the state shown is the API's.
+    let slider = browser.wait("#board-slider", WAIT).await?;
+    browser.click(&slider).await?;
+    browser.type_into(&slider, keys::HOME).await?;
+    for _ in 0..3 {
+        browser.type_into(&slider, keys::RIGHT).await?;
+    }
+    browser
+        .wait_script(
+            "the board at version 3",
+            "return document.querySelector('#board-state').dataset.version === '3' && document.querySelector('#board-state-raw').textContent",
+            WAIT,
+        )
+        .await?;
+    let shown: Value = serde_json::from_str(
+        browser
+            .script(
+                "return document.querySelector('#board-state-raw').textContent",
+                json!([]),
+            )
+            .await?
+            .as_str()
+            .unwrap_or_default(),
+    )?;
+    let at_three = get(api, key, &format!("/v1/boards/{board}/writes/3/state")).await;
+    assert_eq!(shown, at_three, "the state shown at version 3");
+    assert_ne!(
+        at_three,
+        get(api, key, &format!("/v1/boards/{board}/state")).await
+    );
+    browser.set_window(1400, 1100).await?;
+    browser.script("window.scrollTo(0, 0)", json!([])).await?;
+    browser.screenshot(&shots.join("board-page.png")).await?;
+
+    // Live: a write computed on version 2 arrives (rebased onto 6 by the API) and shows up
+    // without a reload, with its diff; the slider's range grows.
+    let written = api
+        .send(
+            Call::new(
+                axum::http::Method::PATCH,
+                format!("/v1/boards/{board}/state"),
+            )
+            .key(key)
+            .header("if-match", "\"2\"")
+            .raw(
+                "application/merge-patch+json",
+                br#"{"agents": {"a9": {"count": 1}}}"#.to_vec(),
+            ),
+        )
+        .await;
+    written.expect(200);
+    assert_eq!(written.header("etag"), Some("\"7\""));
+    let fresh = "#board-writes tr.write[data-version='7']";
+    browser.wait(fresh, WAIT).await?;
+    assert_eq!(
+        browser.text_of(&format!("{fresh} td.rebased")).await?,
+        "rebased from 2"
+    );
+    browser
+        .wait(
+            &format!("{fresh} li.added[data-pointer='/agents/a9']"),
+            WAIT,
+        )
+        .await?;
+    assert_eq!(
+        browser.text_of(&format!("{fresh} td.author")).await?,
+        format!("API key {}", skillstate_server::LOCAL_KEY_ID)
+    );
+    browser
+        .wait_script(
+            "the slider up to version 7",
+            "return document.querySelector('#board-slider').max === '7' && document.querySelector('#board-version-now').textContent === '7'",
+            WAIT,
+        )
+        .await?;
+
+    // An author opens its task's page.
+    let author = browser
+        .wait(
+            "#board-writes tr.write[data-version='1'] a.author-task",
+            WAIT,
+        )
+        .await?;
+    browser.click(&author).await?;
+    let id = browser.wait("#task-id", WAIT).await?;
+    let first = journal["writes"][0]["author"]["task"].as_str().unwrap();
+    assert_eq!(browser.text(&id).await?, first);
+
+    let console = browser.console().await?;
+    let severe: Vec<&(String, String)> = console
+        .iter()
+        .filter(|(level, message)| level == "SEVERE" || message.contains("Content Security Policy"))
+        .collect();
+    assert!(severe.is_empty(), "{severe:#?}");
+    Ok(())
+}

@@ -8,6 +8,19 @@ const STEP_PAGE = 100;
 const CHART_PAGE = 1000;
 const CHART_AUTO_STEPS = 2000;
 const STATUSES = ['running', 'completed', 'failed', 'awaiting_input', 'awaiting_approval'];
+const WRITE_PAGE = 50;
+
+// `skillstate view` prints its link with a key of its own in the fragment (#key=…; a fragment
+// never reaches the server): the key is kept for this tab and taken out of the address bar and
+// the history before anything else runs.
+(function keyFromFragment() {
+  const match = location.hash.match(/^#key=([^&?/]*)$/);
+  if (!match) return;
+  let key = '';
+  try { key = decodeURIComponent(match[1]).trim(); } catch (e) { key = ''; }
+  if (key) sessionStorage.setItem(KEY_STORE, key);
+  history.replaceState(null, '', location.pathname + location.search + '#/');
+})();
 
 // ---------------------------------------------------------------- DOM helpers
 
@@ -232,9 +245,12 @@ async function route() {
     if (!apiKey()) throw new NeedKey('');
     const task = path.match(/^\/tasks\/([^/]+)$/);
     const batch = path.match(/^\/batches\/([^/]+)$/);
+    const board = path.match(/^\/boards\/([^/]+)$/);
     if (task) await taskPage(main, decodeURIComponent(task[1]), params, pageAbort.signal);
     else if (batch) await batchPage(main, decodeURIComponent(batch[1]), pageAbort.signal);
+    else if (board) await boardPage(main, decodeURIComponent(board[1]), pageAbort.signal);
     else if (path === '/batches') await batchList(main, params, pageAbort.signal);
+    else if (path === '/boards') await boardList(main, pageAbort.signal);
     else await listPage(main, params, pageAbort.signal);
   } catch (error) {
     if (error instanceof NeedKey) keyForm(main, error.message);
@@ -257,7 +273,7 @@ function keyForm(main, why) {
   },
   el('h1', null, 'API key'),
   why ? el('p', { role: 'alert' }, why) : null,
-  el('p', { id: 'key-help', class: 'muted' }, 'The viewer reads tasks through the /v1 API with a key of your tenant (skillstate keys create --tenant <name>). It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer.'),
+  el('p', { id: 'key-help', class: 'muted' }, 'The viewer reads tasks through the /v1 API with a key of your tenant (skillstate keys create --tenant <name>). It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer. For a local database, skillstate view prints a link that carries a key of its own: open that link instead.'),
   el('label', { class: 'field', for: 'key-input' }, 'Key'), input,
   el('p', null, el('button', { type: 'submit', class: 'primary', id: 'key-save' }, 'Use this key')));
   main.append(form);
@@ -885,6 +901,231 @@ function throughputChart(times, truncated) {
   chart.dataset.finished = String(times.length);
   if (truncated) chart.append(el('p', { class: 'muted' }, 'The first ' + times.length + ' finished tasks read (of ' + THROUGHPUT_PAGES * 500 + ' listed).'));
   return chart;
+}
+
+// ---------------------------------------------------------------- boards
+
+async function boardList(main, signal) {
+  main.append(el('h1', null, 'Boards'));
+  const list = await api('/v1/boards');
+  if (signal.aborted) return;
+  const tbody = el('tbody', null, list.boards.map((b) => el('tr', { dataset: { board: b.id } },
+    el('td', null, el('a', { href: '#/boards/' + enc(b.id), class: 'board-link' }, b.name)),
+    el('td', { class: 'mono' }, b.id),
+    el('td', { class: 'num version' }, String(b.version)),
+    el('td', { class: 'num members' }, String(b.members)),
+    el('td', { class: 'updated' }, b.updated_at))));
+  if (!list.boards.length) tbody.append(el('tr', null, el('td', { colspan: 5, class: 'muted' }, 'No boards (skillstate board create, or POST /v1/boards).')));
+  main.append(el('table', { id: 'board-table' },
+    el('thead', null, el('tr', null, el('th', null, 'Board'), el('th', null, 'Id'), el('th', { class: 'num' }, 'Version'),
+      el('th', { class: 'num' }, 'Members'), el('th', null, 'Updated'))), tbody));
+}
+
+function cloneJson(value) {
+  return value === undefined ? undefined : JSON.parse(JSON.stringify(value));
+}
+
+// RFC 7396.
+function applyMergePatch(target, patch) {
+  if (!isObject(patch)) return cloneJson(patch);
+  const result = isObject(target) ? Object.assign({}, target) : {};
+  for (const [key, value] of Object.entries(patch)) {
+    if (value === null) delete result[key];
+    else result[key] = applyMergePatch(result[key], value);
+  }
+  return result;
+}
+
+function pointerTokens(pointer) {
+  if (pointer === '') return [];
+  if (!pointer.startsWith('/')) throw new Error('bad pointer ' + pointer);
+  return pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+}
+
+// RFC 6902, on a copy of `doc`; throws when an operation does not apply.
+function applyJsonPatch(doc, operations) {
+  let root = cloneJson(doc);
+  const parentOf = (pointer) => {
+    const tokens = pointerTokens(pointer);
+    const last = tokens.pop();
+    let node = root;
+    for (const t of tokens) {
+      if (node === null || typeof node !== 'object' || !(t in node)) throw new Error('no ' + pointer);
+      node = node[t];
+    }
+    return [node, last];
+  };
+  const get = (pointer) => {
+    let node = root;
+    for (const t of pointerTokens(pointer)) {
+      if (node === null || typeof node !== 'object' || !(t in node)) throw new Error('no ' + pointer);
+      node = node[t];
+    }
+    return node;
+  };
+  const add = (pointer, value) => {
+    if (pointer === '') { root = value; return; }
+    const [parent, key] = parentOf(pointer);
+    if (Array.isArray(parent)) parent.splice(key === '-' ? parent.length : Number(key), 0, value);
+    else if (isObject(parent)) parent[key] = value;
+    else throw new Error('no parent of ' + pointer);
+  };
+  const remove = (pointer) => {
+    const [parent, key] = parentOf(pointer);
+    if (Array.isArray(parent)) parent.splice(Number(key), 1);
+    else if (isObject(parent) && key in parent) delete parent[key];
+    else throw new Error('no ' + pointer);
+  };
+  for (const op of operations) {
+    if (op.op === 'add') add(op.path, cloneJson(op.value));
+    else if (op.op === 'remove') remove(op.path);
+    else if (op.op === 'replace') { get(op.path); if (op.path === '') root = cloneJson(op.value); else { remove(op.path); add(op.path, cloneJson(op.value)); } }
+    else if (op.op === 'move') { const value = get(op.from); remove(op.from); add(op.path, value); }
+    else if (op.op === 'copy') add(op.path, cloneJson(get(op.from)));
+    else if (op.op === 'test') { if (!sameJson(get(op.path), op.value)) throw new Error('test failed at ' + op.path); }
+    else throw new Error('unknown op ' + op.op);
+  }
+  return root;
+}
+
+function applyPatch(state, patch) {
+  return Array.isArray(patch) ? applyJsonPatch(state, patch) : applyMergePatch(state, patch);
+}
+
+function authorCell(author) {
+  if (!author) return '';
+  if (author.kind === 'task') {
+    return [el('a', { href: '#/tasks/' + enc(author.task) + '?step=' + author.step, class: 'author-task mono' }, author.task), ' step ' + author.step];
+  }
+  if (author.kind === 'key') return 'API key ' + author.key;
+  return 'command line';
+}
+
+async function boardPage(main, id, signal) {
+  let board = await api('/v1/boards/' + enc(id));
+  id = board.id;
+  const base = '/v1/boards/' + enc(id);
+  const head = el('div');
+  const members = el('ul', { id: 'board-members', class: 'board-members' });
+  main.append(el('p', null, el('a', { href: '#/boards' }, '← Boards')), head);
+
+  // State viewer: time travel through …/writes/{version}/state.
+  const slider = el('input', { type: 'range', id: 'board-slider', min: '0', max: String(board.version), value: String(board.version), 'aria-label': 'Board state at version' });
+  const versionNumber = el('input', { type: 'number', id: 'board-version-input', min: '0', max: String(board.version), value: String(board.version), 'aria-label': 'Version' });
+  const stateLabel = el('span', { id: 'board-version' });
+  const stateTree = el('div', { class: 'json', id: 'board-state-tree' });
+  const stateRaw = el('pre', { id: 'board-state-raw' });
+  const stateBox = el('section', { id: 'board-state', 'aria-labelledby': 'board-state-heading' },
+    el('h2', { id: 'board-state-heading' }, 'State'),
+    el('div', { class: 'slider' }, el('span', { class: 'muted' }, 'version'), slider, versionNumber, stateLabel),
+    stateTree,
+    el('details', null, el('summary', null, 'Raw JSON'), stateRaw));
+  let stateRequest = 0;
+  const showState = async (version) => {
+    const ticket = ++stateRequest;
+    stateLabel.textContent = 'loading version ' + version + '…';
+    try {
+      const value = await api(base + '/writes/' + version + '/state');
+      if (ticket !== stateRequest) return;
+      stateTree.replaceChildren(jsonTree(value, null, 0));
+      stateRaw.textContent = JSON.stringify(value, null, 2);
+      stateLabel.textContent = 'version ' + version + (version === 0 ? ' (initial state)' : '');
+      stateBox.dataset.version = String(version);
+    } catch (error) {
+      if (ticket !== stateRequest) return;
+      stateLabel.textContent = 'version ' + version + ': ' + error.message;
+    }
+  };
+  const setVersion = debounce((version) => { slider.value = String(version); versionNumber.value = String(version); showState(version); }, 120);
+  slider.addEventListener('input', () => setVersion(Number(slider.value)));
+  versionNumber.addEventListener('change', () => {
+    setVersion(Math.max(0, Math.min(Number(slider.max), Math.floor(Number(versionNumber.value) || 0))));
+  });
+
+  // The writes, oldest first, a page at a time; each page's diffs replay its patches on the
+  // state before its first write (one state read per page).
+  const writesBody = el('tbody');
+  const pager = el('div', { class: 'pager' });
+  const afters = [];
+  let currentAfter = 0;
+  let lastPage = false;
+  const writes = el('section', { 'aria-labelledby': 'board-writes-heading' },
+    el('h2', { id: 'board-writes-heading' }, 'Writes'),
+    el('table', { id: 'board-writes' },
+      el('thead', null, el('tr', null, el('th', { class: 'num' }, 'Version'), el('th', null, 'Author'),
+        el('th', null, 'When'), el('th', null, 'Rebased'), el('th', null, 'Change'))),
+      writesBody),
+    pager);
+  const loadWrites = async (after) => {
+    const query = new URLSearchParams({ limit: String(WRITE_PAGE), after: String(after) });
+    const [page, before] = await Promise.all([
+      api(base + '/writes?' + query),
+      api(base + '/writes/' + after + '/state').catch(() => undefined),
+    ]);
+    if (signal.aborted) return;
+    let state = before;
+    writesBody.replaceChildren(...page.writes.map((w) => {
+      let change;
+      if (state !== undefined) {
+        try {
+          const next = applyPatch(state, w.patch);
+          change = diffList(diffStates(state, next));
+          state = next;
+        } catch (error) {
+          state = undefined;
+        }
+      }
+      if (change === undefined) change = el('pre', { class: 'patch' }, JSON.stringify(w.patch, null, 2));
+      return el('tr', { class: 'write', dataset: { version: String(w.version) } },
+        el('td', { class: 'num' }, el('button', { type: 'button', class: 'show-version', title: 'Show the state at version ' + w.version, onclick: () => { setVersion(w.version); stateBox.scrollIntoView(); } }, String(w.version))),
+        el('td', { class: 'author' }, authorCell(w.author)),
+        el('td', { title: w.created_at }, String(w.created_at).replace('T', ' ').slice(0, 19)),
+        el('td', { class: 'rebased' }, w.rebased_from === null || w.rebased_from === undefined ? '' : 'rebased from ' + w.rebased_from),
+        el('td', { class: 'change' }, change));
+    }));
+    if (!page.writes.length) writesBody.append(el('tr', null, el('td', { colspan: 5, class: 'muted' }, 'No writes yet.')));
+    currentAfter = after;
+    lastPage = page.next_after === null || page.next_after === undefined;
+    fill(pager,
+      afters.length ? el('button', { type: 'button', id: 'writes-prev', onclick: () => loadWrites(afters.pop()) }, '← Earlier writes') : null,
+      el('span', { class: 'muted' }, page.writes.length ? 'versions ' + page.writes[0].version + '–' + page.writes[page.writes.length - 1].version + ' of ' + board.version : ''),
+      lastPage ? null : el('button', { type: 'button', id: 'writes-next', onclick: () => { afters.push(currentAfter); loadWrites(page.next_after); } }, 'Later writes →'));
+  };
+
+  const renderHead = () => {
+    head.replaceChildren(
+      el('h1', null, 'Board ', el('span', { id: 'board-name' }, board.name)),
+      el('dl', { class: 'meta' },
+        el('dt', null, 'id'), el('dd', { class: 'mono' }, board.id),
+        el('dt', null, 'version'), el('dd', { id: 'board-version-now' }, String(board.version)),
+        el('dt', null, 'created'), el('dd', null, board.created_at),
+        el('dt', null, 'updated'), el('dd', { id: 'board-updated' }, board.updated_at)),
+      el('h2', null, 'Members (' + board.members.length + ')'), members);
+    members.replaceChildren(...board.members.map((task) => el('li', { dataset: { task } }, el('a', { href: '#/tasks/' + enc(task), class: 'mono member-link' }, task))));
+    if (!board.members.length) members.append(el('li', { class: 'muted' }, 'No task attached (skillstate run --board).'));
+  };
+
+  const refresh = debounce(async () => {
+    try {
+      const previous = board;
+      board = await api(base);
+      if (signal.aborted) return;
+      if (previous.version === board.version && previous.members.length === board.members.length) return;
+      const atEnd = Number(slider.value) === Number(slider.max);
+      slider.max = String(board.version);
+      versionNumber.max = String(board.version);
+      if (atEnd) setVersion(board.version);
+      renderHead();
+      if (lastPage) await loadWrites(currentAfter);
+    } catch (error) {
+      if (error instanceof NeedKey) route();
+    }
+  }, 250);
+
+  renderHead();
+  main.append(el('div', { class: 'columns' }, el('div', null, writes), el('div', { class: 'side' }, stateBox)));
+  await Promise.all([loadWrites(0), showState(board.version)]);
+  followEvents(base + '/events', () => refresh(), signal);
 }
 
 // ---------------------------------------------------------------- charts (inline SVG)
