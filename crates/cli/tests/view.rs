@@ -43,9 +43,15 @@ impl Drop for Viewer {
 
 /// Starts `skillstate view` on a free port with `args` and waits for its address and link.
 fn start_view(db: &Path, args: &[&str]) -> Viewer {
+    start_view_logging(db, args, "warn")
+}
+
+/// [`start_view`] with `SKILLSTATE_LOG` set to `level`.
+fn start_view_logging(db: &Path, args: &[&str], level: &str) -> Viewer {
     let mut child = Command::new(binary())
         .current_dir(repo_root())
         .env("SKILLSTATE_DB", db)
+        .env("SKILLSTATE_LOG", level)
         .args(["view", "--addr", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::piped())
@@ -222,22 +228,14 @@ async fn view_shows_a_cli_run_through_its_own_key() {
         .unwrap()
         .to_owned();
 
-    let viewer = start_view(&db, &[]);
+    let viewer = start_view_logging(&db, &[], "debug");
     let (url, link) = (viewer.url.clone(), viewer.link.clone());
     let key = link
         .strip_prefix(&format!("{url}#key="))
         .unwrap_or_else(|| panic!("{link}"))
         .to_owned();
     assert!(key.starts_with("sk_") && key.len() == 67, "{key}");
-    // The key is on standard output only: not on standard error, not in the database.
-    assert!(
-        viewer
-            .stderr
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|line| !line.contains(&key))
-    );
+    // The key is not in the database.
     let keys = skillstate(&db, &["keys", "list"]);
     assert!(keys.status.success());
     let keys = String::from_utf8_lossy(&keys.stdout).into_owned();
@@ -296,6 +294,11 @@ async fn view_shows_a_cli_run_through_its_own_key() {
     }
     let _ = browser.quit().await;
     result.unwrap();
+    // The key is on standard output only: no line of the debug log (which logged the
+    // requests) holds it.
+    let log = viewer.stderr.lock().unwrap().join("\n");
+    assert!(log.contains("DEBUG"), "debug logging was on: {log}");
+    assert!(!log.contains(&key) && !log.contains(&key[3..]), "{log}");
 
     // The key ends with the process: a new `view` of the same database refuses it, and has
     // a key of its own.
