@@ -980,6 +980,44 @@ async fn drive_boards(
         )
         .await?;
 
+    // A JSON Patch write (RFC 6902): its diff replays the operations on the state before it.
+    let written = api
+        .send(
+            Call::new(
+                axum::http::Method::PATCH,
+                format!("/v1/boards/{board}/state"),
+            )
+            .key(key)
+            .header("if-match", "\"7\"")
+            .raw(
+                "application/json-patch+json",
+                br#"[{"op": "replace", "path": "/agents/a0/count", "value": 10}, {"op": "remove", "path": "/agents/a9"}]"#.to_vec(),
+            ),
+        )
+        .await;
+    written.expect(200);
+    let patched = "#board-writes tr.write[data-version='8']";
+    let changed = browser
+        .wait(
+            &format!("{patched} li.changed[data-pointer='/agents/a0/count']"),
+            WAIT,
+        )
+        .await?;
+    assert!(browser.text(&changed).await?.ends_with("3 → 10"));
+    browser
+        .wait(
+            &format!("{patched} li.removed[data-pointer='/agents/a9']"),
+            WAIT,
+        )
+        .await?;
+    assert_eq!(
+        browser
+            .find_all(&format!("{patched} ul.diff li"))
+            .await?
+            .len(),
+        2
+    );
+
     // An author opens its task's page.
     let author = browser
         .wait(
