@@ -174,14 +174,40 @@ async fn the_local_key_sees_the_whole_database_and_creates_nothing() {
             "{problem}"
         );
     }
-    api.send(Call::get("/v1/batches").key(&local))
-        .await
-        .expect(200);
+    // Batches: a tenant's, listed and read with the local key too.
+    let batch = api
+        .send(
+            Call::post(
+                "/v1/tasks:batch",
+                &json!({"name": "nightly", "tasks": [{"skill": "warehouse", "model": "oracle"}]}),
+            )
+            .key(&acme),
+        )
+        .await;
+    let batch = batch.expect(201).json()["batch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let batches = api.send(Call::get("/v1/batches").key(&local)).await;
+    assert_eq!(
+        ids(&batches.expect(200).json(), "batches"),
+        vec![batch.clone()]
+    );
+    let one = api
+        .send(Call::get(format!("/v1/batches/{batch}")).key(&local))
+        .await;
+    assert_eq!(one.expect(200).json()["counts"]["total"], 1);
+    let paged = api
+        .send(Call::get(format!("/v1/batches?cursor={batch}")).key(&local))
+        .await;
+    assert!(ids(&paged.expect(200).json(), "batches").is_empty());
 
     // Nothing of it is stored: the store has acme's key only, and no key of that secret.
     let keys = store.list_keys(None).await.unwrap();
     assert_eq!(keys.len(), 1);
     assert_eq!(keys[0].tenant, "acme");
+    let tenant_batches = api.send(Call::get("/v1/batches").key(&acme)).await;
+    assert_eq!(ids(&tenant_batches.json(), "batches").len(), 1);
     assert!(
         store
             .key_by_hash(&hash_secret(&local))
