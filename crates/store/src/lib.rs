@@ -40,7 +40,7 @@ pub use postgres::PostgresStore;
 pub use queue::*;
 pub use service::*;
 pub use sqlite::{SqliteStore, Synchronous};
-pub use traits::{Journal, Leases, StorageStats, Store, Tasks};
+pub use traits::{Journal, Leases, Release, StorageStats, Store, Tasks};
 
 /// The store's traits, for calling their methods on an `Arc<dyn Store>` or a backend:
 /// `use skillstate_store::prelude::*;`. Imported anonymously, so no name clashes with the
@@ -50,7 +50,7 @@ pub mod prelude {
     pub use crate::inbox::Inbox as _;
     pub use crate::queue::Queue as _;
     pub use crate::service::{Events as _, Keys as _, Tenancy as _};
-    pub use crate::traits::{Journal as _, Leases as _, Store, Tasks as _};
+    pub use crate::traits::{Journal as _, Leases as _, Release as _, Store, Tasks as _};
 }
 
 pub const DEFAULT_DB: &str = "skillstate.db";

@@ -18,13 +18,35 @@ use crate::service::{Events, Keys, Tenancy};
 /// Everything a backend offers: tasks, their journal, execution leases, the work queue, what
 /// the HTTP service needs (API keys, tenants, events), and boards shared by several tasks.
 pub trait Store:
-    Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Send + Sync
+    Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Release + Send + Sync
 {
 }
 
-impl<T: Tasks + Journal + Leases + Queue + Keys + Tenancy + Events + Inbox + Boards + Send + Sync>
-    Store for T
+impl<
+    T: Tasks
+        + Journal
+        + Leases
+        + Queue
+        + Keys
+        + Tenancy
+        + Events
+        + Inbox
+        + Boards
+        + Release
+        + Send
+        + Sync,
+> Store for T
 {
+}
+
+/// Letting go of the database before the store is dropped.
+#[async_trait]
+pub trait Release: Send + Sync {
+    /// Finishes the writes already handed over, then closes every connection of this store
+    /// and stops its threads, and returns once they are gone: the database file or server
+    /// is no longer used by this process (dropping a store lets go of it too, but in the
+    /// background). Whatever the store is asked afterwards fails with an error.
+    async fn release(&self);
 }
 
 /// Tasks as wholes: creating, finding, listing, forking, compacting and deleting them.

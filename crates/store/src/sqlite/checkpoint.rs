@@ -65,9 +65,13 @@ thread_local! {
     static LOG_PAGES: Cell<c_int> = const { Cell::new(0) };
 }
 
-/// The writer's handle on the checkpointing thread; dropping it ends the thread.
+/// The writer's handle on the checkpointing thread; dropping it ends the thread, [`stop`]
+/// also waits for it (and so for its connection) to be gone.
+///
+/// [`stop`]: Checkpointer::stop
 pub(super) struct Checkpointer {
     nudge: SyncSender<()>,
+    thread: std::thread::JoinHandle<()>,
     /// Held through each checkpoint, the thread's and the writer's: SQLite runs one checkpoint
     /// of a file at a time and refuses a second at once (no busy wait), so a restart that
     /// met a passive run would fail and leave the log to grow until a later one got through.
@@ -81,11 +85,22 @@ impl Checkpointer {
         let (nudge, nudged) = mpsc::sync_channel(1);
         let turn = Arc::new(Mutex::new(()));
         let theirs = turn.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("skillstate-sqlite-checkpoint".into())
             .spawn(move || run(&conn, &nudged, &theirs))
             .map_err(|e| e.to_string())?;
-        Ok(Self { nudge, turn })
+        Ok(Self {
+            nudge,
+            thread,
+            turn,
+        })
+    }
+
+    /// Ends the thread and waits until it and its connection are gone (at most one checkpoint
+    /// in progress, which waits for locks no longer than `BUSY`).
+    pub(super) fn stop(self) {
+        drop(self.nudge);
+        let _ = self.thread.join();
     }
 
     /// Tells the thread that a group was committed (never waits).

@@ -326,3 +326,12 @@ impl SqliteStore {
             .ok_or_else(|| StoreError::NotFound(task.to_owned()))
     }
 }
+
+#[async_trait::async_trait]
+impl crate::Release for SqliteStore {
+    async fn release(&self) {
+        self.close().await;
+        self.readers.close();
+        self.pool.close().await;
+    }
+}

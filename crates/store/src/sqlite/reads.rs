@@ -61,6 +61,8 @@ struct Decoded {
 
 pub(super) struct Readers {
     path: PathBuf,
+    /// Set by [`Readers::close`]: no connection is opened or kept any more.
+    closed: std::sync::atomic::AtomicBool,
     idle: Mutex<Vec<Connection>>,
     decoded: Mutex<HashMap<String, Arc<Decoded>>>,
 }
@@ -69,6 +71,7 @@ impl Readers {
     pub(super) fn new(path: &Path) -> Self {
         Self {
             path: path.to_owned(),
+            closed: std::sync::atomic::AtomicBool::new(false),
             idle: Mutex::new(Vec::new()),
             decoded: Mutex::new(HashMap::new()),
         }
@@ -132,7 +135,19 @@ impl Readers {
         reads()
     }
 
+    /// Closes the idle connections; from now on every read goes to the pool (the store is
+    /// being released). A read in progress closes its connection when it ends.
+    pub(super) fn close(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock, so no connection is checked in after the clear.
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        idle.clear();
+    }
+
     fn checkout(&self) -> Option<Connection> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match idle {
             Some(conn) => Some(conn),
@@ -144,7 +159,7 @@ impl Readers {
     fn check_in(&self, conn: Connection) {
         if conn.is_autocommit() {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            if idle.len() < IDLE {
+            if idle.len() < IDLE && !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
                 idle.push(conn);
             }
         }

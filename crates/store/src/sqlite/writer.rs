@@ -46,8 +46,9 @@ enum Request {
     },
     /// Wait, holding no lock, until the `Turn` guard sent back is dropped.
     Turn(oneshot::Sender<Turn>),
-    /// Finish what was handed over, then stop.
-    Close,
+    /// Finish what was handed over, then stop; answered once the writer's connections are
+    /// closed and its threads gone.
+    Close(oneshot::Sender<()>),
 }
 
 pub(super) struct Writer {
@@ -86,7 +87,14 @@ impl Writer {
                 Ok(conn) => {
                     let checkpointer = start_checkpoints(&conn, &path, synchronous, &name);
                     let _ = ready.send(Ok(()));
-                    run(conn, receiver, &name, checkpointer.as_ref());
+                    let closed = run(&conn, receiver, &name, checkpointer.as_ref());
+                    if let Some(checkpointer) = checkpointer {
+                        checkpointer.stop();
+                    }
+                    drop(conn);
+                    if let Some(closed) = closed {
+                        let _ = closed.send(());
+                    }
                 }
                 Err(error) => {
                     let _ = ready.send(Err(error.to_string()));
@@ -142,8 +150,13 @@ impl Writer {
     }
 
     /// Commits what was handed over, then stops the writer; later writes fail with an error.
+    /// Returns once the writer's connections are closed (at once when it had stopped).
     pub(super) async fn close(&self) {
-        let _ = self.sender.send(Request::Close).await;
+        let (closed, gone) = oneshot::channel();
+        if self.sender.send(Request::Close(closed)).await.is_ok() {
+            // An error here: the thread ended without answering, which also means gone.
+            let _ = gone.await;
+        }
     }
 }
 
@@ -186,22 +199,21 @@ fn start_checkpoints(
     }
 }
 
+/// Serves requests until the store is dropped or closed; returns how to answer the close.
 fn run(
-    conn: Connection,
+    conn: &Connection,
     mut receiver: mpsc::Receiver<Request>,
     location: &str,
     checkpointer: Option<&Checkpointer>,
-) {
+) -> Option<oneshot::Sender<()>> {
     let mut group: Vec<(Box<Write>, oneshot::Sender<Result<Reply>>)> =
         Vec::with_capacity(MAX_GROUP);
     let mut pending: Option<Request> = None;
     loop {
         let first = match pending.take() {
             Some(request) => request,
-            None => match receiver.blocking_recv() {
-                Some(request) => request,
-                None => break,
-            },
+            // Every sender gone: the store was dropped without closing.
+            None => receiver.blocking_recv()?,
         };
         match first {
             Request::Write { write, reply } => group.push((write, reply)),
@@ -212,7 +224,7 @@ fn run(
                 let _ = finished.blocking_recv();
                 continue;
             }
-            Request::Close => break,
+            Request::Close(closed) => return Some(closed),
         }
         while group.len() < MAX_GROUP {
             match receiver.try_recv() {
@@ -226,7 +238,7 @@ fn run(
             }
         }
         let writes: Vec<&Write> = group.iter().map(|(write, _)| &**write).collect();
-        let results = commit_group(&conn, &writes, location);
+        let results = commit_group(conn, &writes, location);
         if let Some(checkpointer) = checkpointer {
             checkpointer.nudge();
         }
@@ -237,7 +249,7 @@ fn run(
         // After the answers: the group is committed, and its callers need not wait for the
         // log to start over.
         if let Some(checkpointer) = checkpointer {
-            checkpointer.restart_if_due(&conn, BUSY_TIMEOUT);
+            checkpointer.restart_if_due(conn, BUSY_TIMEOUT);
         }
     }
 }
