@@ -601,11 +601,27 @@ impl PyRuntime {
         })
     }
 
-    /// Closes the database (also done when the runtime is garbage-collected).
+    /// Closes the database: finishes the writes already handed over, closes every connection
+    /// and returns once this process no longer uses the file (or server). Closing twice is
+    /// harmless; anything asked of the runtime or its tasks afterwards raises StoreError
+    /// "closed". Garbage collection closes too, but in the background: close (or a `with`
+    /// block) before another program or library opens the same SQLite file.
     fn close(&self, py: Python<'_>) {
         let store = self.inner.store.lock().ok().and_then(|mut s| s.take());
-        drop(store);
-        let _ = py;
+        if let Some(store) = store {
+            self.inner.block(py, async move { store.release().await });
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Closes the runtime at the end of a `with` block (exceptions propagate).
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
     }
 
     fn __repr__(&self) -> String {

@@ -2,6 +2,7 @@
 process without re-running an effectful tool, errors as exceptions, the GIL released."""
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
@@ -71,11 +72,19 @@ def test_a_run_persists_every_step_to_sqlite(tmp_path):
     with pytest.raises(skillstate.StoreError) as closed:
         task.state
     assert closed.value.kind == "closed"
-    # Another runtime (another connection) reads the same task from the file.
-    with sqlite3.connect(db) as conn:
+    # close() returned after the last connection closed: SQLite copied the log into the file
+    # and removed it, so nothing of the run lives only in the log.
+    assert not db.with_name(db.name + "-wal").exists()
+    # Python's own sqlite3 (a second SQLite library in this process) may open the file only
+    # while no runtime has it open: the two libraries do not see each other's locks.
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 3
-    again = skillstate.Runtime(str(db)).task(task.id[:8])
-    assert again == task and again.state == final
+    # Another runtime reads the same task from the file.
+    with skillstate.Runtime(str(db)) as other:
+        again = other.task(task.id[:8])
+        assert again == task and again.state == final
+    with pytest.raises(skillstate.StoreError):
+        again.state
 
 
 @pytest.mark.parametrize("killed_in, ship_calls, lookup_calls", [("ship", 1, 1), ("lookup", 1, 2)])

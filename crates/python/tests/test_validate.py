@@ -1,6 +1,7 @@
 """Verdicts, pointers and prompts equal the Rust runtime's on the same inputs: the CLI runs a
 skill, its journal is read with sqlite3, and the package re-validates every recorded answer."""
 
+import contextlib
 import json
 import sqlite3
 
@@ -42,7 +43,7 @@ def journal(cli, tmp_path_factory):
     script.write_text("".join(json.dumps(line) + "\n" for line in lines))
     db = tmp / "run.db"
     cli("--db", str(db), "run", str(WAREHOUSE), "--model", f"scripted:{script}", "-q", check=False)
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         rows = conn.execute(
             "SELECT task_id, step, attempt, verdict, output, errors, state_hash FROM journal ORDER BY step, attempt"
         ).fetchall()
