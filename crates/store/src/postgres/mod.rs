@@ -11,7 +11,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::migrate::{check_postgres, migrate_postgres};
@@ -192,10 +192,41 @@ impl PostgresStore {
 }
 
 fn connect_options(url: &str) -> Result<PgConnectOptions> {
-    PgConnectOptions::from_str(url).map_err(|e| StoreError::Open {
+    let options = PgConnectOptions::from_str(url).map_err(|e| StoreError::Open {
         location: redact(url),
         message: e.to_string(),
+    })?;
+    // libpq's default `prefer` tries TLS first. To a server on this machine that buys nothing
+    // (no network to protect; `prefer` never verified the server anyway), and the handshake
+    // cost about 90 ms per connection here (two small writes stalled by Nagle's algorithm
+    // against delayed ACKs): every process, pool connection and CLI command paid it. An
+    // explicit `sslmode` in the URL or PGSSLMODE is followed as given.
+    let chose_tls = names_ssl_mode(url) || std::env::var_os("PGSSLMODE").is_some();
+    Ok(if !chose_tls && is_local_host(options.get_host()) {
+        options.ssl_mode(PgSslMode::Disable)
+    } else {
+        options
     })
+}
+
+/// Whether the URL's query sets `sslmode` (or its alias `ssl-mode`).
+fn names_ssl_mode(url: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query.split('&').any(|pair| {
+            let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+            key.eq_ignore_ascii_case("sslmode") || key.eq_ignore_ascii_case("ssl-mode")
+        })
+    })
+}
+
+/// A loopback address, `localhost`, or a Unix socket directory.
+fn is_local_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.starts_with('/')
+        || bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Schema names are spliced into SQL and into the startup options, so only names that need no
@@ -241,4 +272,50 @@ fn redact(url: &str) -> String {
         None => tail.to_owned(),
     };
     format!("{scheme}://{authority}{tail}")
+}
+
+#[async_trait::async_trait]
+impl crate::Release for PostgresStore {
+    async fn release(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(url: &str) -> PgSslMode {
+        match connect_options(url) {
+            Ok(options) => options.get_ssl_mode(),
+            Err(error) => panic!("{url}: {error}"),
+        }
+    }
+
+    #[test]
+    fn a_server_on_this_machine_is_reached_without_tls_unless_the_url_asks_for_it() {
+        if std::env::var_os("PGSSLMODE").is_some() {
+            return;
+        }
+        for local in [
+            "postgres://u@127.0.0.1:5432/db",
+            "postgres://u@localhost/db?options=-c%20search_path%3Ds",
+            "postgres://u@[::1]:5432/db",
+        ] {
+            assert!(matches!(mode(local), PgSslMode::Disable), "{local}");
+        }
+        assert!(matches!(
+            mode("postgres://u@127.0.0.1/db?sslmode=require"),
+            PgSslMode::Require
+        ));
+        assert!(matches!(
+            mode("postgres://u@localhost/db?ssl-mode=verify-full"),
+            PgSslMode::VerifyFull
+        ));
+        // Elsewhere, libpq's default stands.
+        assert!(matches!(
+            mode("postgres://u@db.example.com/db"),
+            PgSslMode::Prefer
+        ));
+    }
 }
