@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 use crate::json::escape_token;
-use crate::schema_graph::{EdgeKind, Label, SchemaGraph};
+use crate::schema_graph::{EdgeKind, Label, PropertyPath, SchemaGraph};
 
 /// A compiled state schema. Keeps the source document because prompts and the derived output
 /// schema need it, and the compiled validator because every step validates against it.
@@ -25,6 +25,11 @@ pub struct StateSchema {
     validator: jsonschema::Validator,
     /// `false` when no `"readOnly": true` appears anywhere: read-only checks are skipped.
     has_read_only: bool,
+    /// Where every `readOnly` sits, when each ends a plain chain of `properties`
+    /// ([`SchemaGraph::property_chain_read_only`]): then the annotations of a valid state are
+    /// these locations it has, found without an annotating evaluation (which cost more than
+    /// the rest of a step's validation on the warehouse's state).
+    property_read_only: Option<Vec<PropertyPath>>,
     /// The last states evaluated for read-only annotations, newest first: a step's state before
     /// is the previous step's state after, so each state is evaluated once, not twice.
     recent: Mutex<Vec<(Value, Vec<String>)>>,
@@ -90,9 +95,13 @@ impl StateSchema {
         }
         // The guard runs before the validator is built, so nothing ever evaluates a schema it
         // refuses.
-        let (defects, bare_ifs) = match SchemaGraph::build(&document) {
-            Ok(graph) => (crate::schema_guard::check(&graph), bare_ifs(&graph)),
-            Err(defects) => (defects, Vec::new()),
+        let (defects, bare_ifs, property_read_only) = match SchemaGraph::build(&document) {
+            Ok(graph) => (
+                crate::schema_guard::check(&graph),
+                bare_ifs(&graph),
+                graph.property_chain_read_only(),
+            ),
+            Err(defects) => (defects, Vec::new(), None),
         };
         if !defects.is_empty() {
             return Err(defects);
@@ -124,6 +133,7 @@ impl StateSchema {
             document,
             validator,
             has_read_only,
+            property_read_only,
             recent: Mutex::new(Vec::new()),
         })
     }
@@ -158,6 +168,16 @@ impl StateSchema {
     pub fn read_only_annotations(&self, instance: &Value) -> Vec<String> {
         if !self.has_read_only {
             return Vec::new();
+        }
+        if let Some(paths) = &self.property_read_only {
+            if !self.validator.is_valid(instance) {
+                return Vec::new();
+            }
+            return paths
+                .iter()
+                .filter(|path| holds(instance, &path.names))
+                .map(|path| path.pointer.clone())
+                .collect();
         }
         let evaluation = self.validator.evaluate(instance);
         let mut found: Vec<String> = Vec::new();
@@ -272,6 +292,19 @@ impl StateSchema {
     }
 }
 
+/// Whether `instance` has the property chain `names`, each step an object holding the next
+/// name (what `properties` applies to).
+fn holds(instance: &Value, names: &[String]) -> bool {
+    let mut at = instance;
+    for name in names {
+        match at.as_object().and_then(|object| object.get(name)) {
+            Some(value) => at = value,
+            None => return false,
+        }
+    }
+    true
+}
+
 /// Pointers of the subschemas that have `if` but neither `then` nor `else`.
 fn bare_ifs(graph: &SchemaGraph<'_>) -> Vec<String> {
     graph
@@ -322,6 +355,67 @@ mod tests {
             "$defs": {"facility": {"type": "object", "readOnly": true}}
         }))
         .unwrap()
+    }
+
+    /// The annotations of an annotating evaluation, for comparing with the shortcut.
+    fn evaluated(schema: &StateSchema, instance: &Value) -> Vec<String> {
+        let evaluation = schema.validator.evaluate(instance);
+        let mut found: Vec<String> = Vec::new();
+        for entry in evaluation.iter_annotations() {
+            let location = entry.instance_location.as_str().to_owned();
+            if crate::schema_graph::is_read_only(entry.annotations.value())
+                && !found.contains(&location)
+            {
+                found.push(location);
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn read_only_at_the_end_of_property_chains_needs_no_evaluation() {
+        let s = StateSchema::compile(json!({
+            "type": "object",
+            "properties": {
+                "count": {"const": 500, "readOnly": true},
+                "meta": {
+                    "type": "object",
+                    "properties": {"a/b~c": {"type": "string", "readOnly": true}, "free": {}},
+                    "anyOf": [{"required": ["free"]}, {"required": ["a/b~c"]}]
+                },
+                "items": {"type": "object", "additionalProperties": {"type": "string"}}
+            },
+            "$defs": {"unused": {"readOnly": true}},
+            "required": ["items"]
+        }))
+        .unwrap();
+        assert!(s.property_read_only.is_some());
+        for instance in [
+            json!({"count": 500, "meta": {"a/b~c": "x"}, "items": {}}),
+            json!({"meta": {"free": 1}, "items": {"k": "v"}}),
+            json!({"count": 500, "meta": [1], "items": {}}),
+            json!({"count": 500, "items": {}, "meta": {"a/b~c": "x", "free": 2}}),
+            // Invalid: no annotations at all.
+            json!({"count": 501, "meta": {"a/b~c": "x"}, "items": {}}),
+            json!({"count": 500}),
+        ] {
+            let mut quick = s.read_only_annotations(&instance);
+            quick.sort();
+            assert_eq!(quick, evaluated(&s, &instance), "{instance}");
+        }
+        assert_eq!(
+            s.read_only_annotations(&json!({"count": 500, "meta": {"a/b~c": "x"}, "items": {}})),
+            vec!["/count", "/meta/a~1b~0c"]
+        );
+        // `$ref`, `items`: evaluated as before.
+        assert!(schema().property_read_only.is_none());
+        let under_any_of = StateSchema::compile(json!({
+            "type": "object",
+            "anyOf": [{"properties": {"a": {"readOnly": true}}}, {"required": ["b"]}]
+        }))
+        .unwrap();
+        assert!(under_any_of.property_read_only.is_none());
     }
 
     #[test]

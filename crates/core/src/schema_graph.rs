@@ -454,6 +454,65 @@ impl SchemaGraph<'_> {
 }
 
 /// `true` when `schema` itself says `"readOnly": true`.
+/// A `readOnly` subschema reached from the root through `properties` alone: its JSON pointer
+/// and the property names on the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PropertyPath {
+    pub pointer: String,
+    pub names: Vec<String>,
+}
+
+impl SchemaGraph<'_> {
+    /// The locations of every `readOnly` subschema, when each one is reached from the root by
+    /// exactly one chain of `properties` and by nothing else (no `$ref`, combinator,
+    /// conditional, `items`, pattern or additional properties on the way or into it); `None`
+    /// otherwise. For such a schema, evaluating a VALID instance annotates read-only exactly
+    /// the ones of these locations the instance has (each step of the chain applies to the
+    /// property whenever the object holds it, and succeeds since the whole instance does), so
+    /// the annotations need no evaluation. A subschema nothing applies (an unreferenced
+    /// `$defs` entry) annotates nothing and is left out.
+    pub(crate) fn property_chain_read_only(&self) -> Option<Vec<PropertyPath>> {
+        let mut incoming: Vec<Vec<(usize, &EdgeKind)>> = vec![Vec::new(); self.nodes.len()];
+        for (from, node) in self.nodes.iter().enumerate() {
+            for edge in &node.edges {
+                incoming.get_mut(edge.to)?.push((from, &edge.kind));
+            }
+        }
+        let mut found = Vec::new();
+        for (id, node) in self.nodes.iter().enumerate() {
+            if !is_read_only(node.schema) || (id != 0 && incoming[id].is_empty()) {
+                continue;
+            }
+            // Up the only edge into each node, to the root; a node has at most one parent on
+            // the way, so `nodes.len()` steps reach the root or prove a loop.
+            let mut names = Vec::new();
+            let mut at = id;
+            for _ in 0..=self.nodes.len() {
+                if at == 0 {
+                    break;
+                }
+                match incoming[at].as_slice() {
+                    [(parent, EdgeKind::Descend(Label::Property(name)))] => {
+                        names.push(name.clone());
+                        at = *parent;
+                    }
+                    _ => return None,
+                }
+            }
+            if at != 0 || !incoming[0].is_empty() {
+                return None;
+            }
+            names.reverse();
+            let pointer = names
+                .iter()
+                .map(|n| format!("/{}", escape_token(n)))
+                .collect();
+            found.push(PropertyPath { pointer, names });
+        }
+        Some(found)
+    }
+}
+
 pub(crate) fn is_read_only(schema: &Value) -> bool {
     schema.get("readOnly").and_then(Value::as_bool) == Some(true)
 }
