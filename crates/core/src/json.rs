@@ -6,39 +6,47 @@ use sha2::{Digest, Sha256};
 /// Serialises `value` with object keys sorted and no insignificant whitespace, so equal
 /// documents always give equal bytes whatever the map ordering of the process that built them.
 pub fn canonical(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out);
-    out
+    // Only serde_json's own output went in, which is UTF-8.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+/// Strings and numbers are written by serde_json itself (its escaping, its number format),
+/// straight into `out`: no allocation per key or scalar.
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key.as_str()], out);
+                write_scalar(key, out);
+                out.push(b':');
+                write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => write_scalar(scalar, out),
     }
+}
+
+fn write_scalar(value: &(impl serde::Serialize + ?Sized), out: &mut Vec<u8>) {
+    // Writing to a Vec cannot fail, and strings, numbers, booleans and null always serialize.
+    let _ = serde_json::to_writer(&mut *out, value);
 }
 
 /// The hash recorded with every committed step: SHA-256 over the canonical form, lowercase hex.
@@ -106,6 +114,38 @@ mod tests {
         assert_eq!(canonical(&a), r#"{"a":{"c":"x","d":[1,2]},"b":1}"#);
         assert_eq!(state_hash(&a), state_hash(&b));
         assert_ne!(state_hash(&a), state_hash(&json!({"b": 2})));
+    }
+
+    /// The canonical form is serde_json's compact output of the document with every object's
+    /// keys inserted in sorted order: the bytes every stored state hash was computed over.
+    fn sorted(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                Value::Object(
+                    keys.into_iter()
+                        .map(|k| (k.clone(), sorted(&map[k])))
+                        .collect(),
+                )
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            scalar => scalar.clone(),
+        }
+    }
+
+    #[test]
+    fn canonical_form_is_serde_jsons_output_with_sorted_keys() {
+        let tricky = json!({
+            "z\"q": "line\nbreak \u{1} tab\t \u{e9}\u{1F600} </script>",
+            "": [1.5, -0.0, 1e300, 18446744073709551615u64, -9223372036854775808i64, null, true],
+            "a": {"\u{7f}": false, "B": {}, "b": [], "aa": "\\"},
+            "\u{e9}": 0
+        });
+        assert_eq!(
+            canonical(&tricky),
+            serde_json::to_string(&sorted(&tricky)).unwrap()
+        );
     }
 
     #[test]
