@@ -38,6 +38,16 @@ pub struct StateSchema {
 /// How many evaluated states `StateSchema` remembers.
 const RECENT_EVALUATIONS: usize = 2;
 
+/// What [`StateSchema::check_write`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteCheck {
+    Fine,
+    /// Read-only locations the write changes, topmost first.
+    ReadOnly(Vec<String>),
+    /// The new state breaks the schema (never empty).
+    Invalid(Vec<SchemaViolation>),
+}
+
 /// One way an instance fails the schema, located by JSON pointer into the instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaViolation {
@@ -166,11 +176,16 @@ impl StateSchema {
     /// `"readOnly": true`, each once, in evaluation order. Empty when the instance fails the
     /// schema: JSON Schema drops every annotation of a failed evaluation.
     pub fn read_only_annotations(&self, instance: &Value) -> Vec<String> {
-        if !self.has_read_only {
+        self.annotations_given(instance, None)
+    }
+
+    /// `read_only_annotations`, with the instance's validity when already known.
+    fn annotations_given(&self, instance: &Value, valid: Option<bool>) -> Vec<String> {
+        if !self.has_read_only || valid == Some(false) {
             return Vec::new();
         }
         if let Some(paths) = &self.property_read_only {
-            if !self.validator.is_valid(instance) {
+            if !valid.unwrap_or_else(|| self.validator.is_valid(instance)) {
                 return Vec::new();
             }
             return paths
@@ -197,11 +212,42 @@ impl StateSchema {
     /// annotated read-only when evaluating either state. Each is reported once, topmost first,
     /// and a location inside another reported one is left out.
     pub fn changed_read_only_locations(&self, before: &Value, after: &Value) -> Vec<String> {
+        self.changed_given(before, after, None)
+    }
+
+    /// Checks a write from `before` to `after`: the read-only locations it changes, else the
+    /// schema violations of `after` (as `changed_read_only_locations`, then `violations`),
+    /// validating `after` once where a state is valid.
+    pub fn check_write(&self, before: &Value, after: &Value) -> WriteCheck {
+        let valid = self.validator.is_valid(after);
+        let read_only = self.changed_given(before, after, Some(valid));
+        if !read_only.is_empty() {
+            WriteCheck::ReadOnly(read_only)
+        } else if valid {
+            WriteCheck::Fine
+        } else {
+            let violations = self.violations(after);
+            // The validator's two answers agree; should they not, its errors decide, as
+            // they did before this shortcut.
+            if violations.is_empty() {
+                WriteCheck::Fine
+            } else {
+                WriteCheck::Invalid(violations)
+            }
+        }
+    }
+
+    fn changed_given(
+        &self,
+        before: &Value,
+        after: &Value,
+        after_valid: Option<bool>,
+    ) -> Vec<String> {
         if !self.has_read_only {
             return Vec::new();
         }
-        let mut locations = self.remembered_annotations(before);
-        for location in self.remembered_annotations(after) {
+        let mut locations = self.remembered_annotations(before, None);
+        for location in self.remembered_annotations(after, after_valid) {
             if !locations.contains(&location) {
                 locations.push(location);
             }
@@ -227,13 +273,13 @@ impl StateSchema {
     }
 
     /// `read_only_annotations`, reusing the result for a state evaluated recently.
-    fn remembered_annotations(&self, state: &Value) -> Vec<String> {
+    fn remembered_annotations(&self, state: &Value, valid: Option<bool>) -> Vec<String> {
         if let Ok(recent) = self.recent.lock()
             && let Some((_, found)) = recent.iter().find(|(seen, _)| seen == state)
         {
             return found.clone();
         }
-        let found = self.read_only_annotations(state);
+        let found = self.annotations_given(state, valid);
         if let Ok(mut recent) = self.recent.lock() {
             recent.insert(0, (state.clone(), found.clone()));
             recent.truncate(RECENT_EVALUATIONS);

@@ -18,7 +18,7 @@ use serde_json::Value;
 use crate::json::state_hash;
 use crate::output::{ParsedOutput, RawAction, parse_output};
 use crate::patch::StatePatch;
-use crate::schema::StateSchema;
+use crate::schema::{StateSchema, WriteCheck};
 use crate::tokens::count_tokens;
 use crate::tool::{ASK_USER, FINISH, ToolCatalog};
 
@@ -331,32 +331,32 @@ pub(crate) fn check_patch_with(
         }
     };
 
-    let read_only_hits = schema.changed_read_only_locations(state, &new_state);
-    if !read_only_hits.is_empty() {
-        for pointer in read_only_hits {
-            rejections.push(Rejection {
-                kind: RejectionKind::ReadOnly,
-                document: Document::State,
-                message: format!(
-                    "{pointer} is read-only (owned by the runtime or the user); leave it, and everything inside it, out of state_patch"
-                ),
-                pointer,
-            });
+    match schema.check_write(state, &new_state) {
+        WriteCheck::Fine => {}
+        WriteCheck::ReadOnly(hits) => {
+            for pointer in hits {
+                rejections.push(Rejection {
+                    kind: RejectionKind::ReadOnly,
+                    document: Document::State,
+                    message: format!(
+                        "{pointer} is read-only (owned by the runtime or the user); leave it, and everything inside it, out of state_patch"
+                    ),
+                    pointer,
+                });
+            }
+            return None;
         }
-        return None;
-    }
-
-    let violations = schema.violations(&new_state);
-    if !violations.is_empty() {
-        for v in violations {
-            rejections.push(Rejection {
-                kind: RejectionKind::Schema,
-                document: Document::State,
-                message: format!("after the patch the state breaks the schema: {}", v.message),
-                pointer: v.pointer,
-            });
+        WriteCheck::Invalid(violations) => {
+            for v in violations {
+                rejections.push(Rejection {
+                    kind: RejectionKind::Schema,
+                    document: Document::State,
+                    message: format!("after the patch the state breaks the schema: {}", v.message),
+                    pointer: v.pointer,
+                });
+            }
+            return None;
         }
-        return None;
     }
 
     // A token is at least one byte: a state whose compact JSON fits the budget in bytes is

@@ -22,7 +22,7 @@ use super::scope::BoardScope;
 use super::write_check::check_writes;
 use crate::json::state_hash;
 use crate::patch::StatePatch;
-use crate::schema::StateSchema;
+use crate::schema::{StateSchema, WriteCheck};
 use crate::validate::{
     AcceptedStep, Document, RejectedStep, Rejection, RejectionKind, StepRules, check_action,
     check_patch_with, parse_answer,
@@ -299,29 +299,32 @@ pub fn apply_board(
             message: problem.message,
         }]
     })?;
-    let read_only = schema.changed_read_only_locations(board_state, &new_state);
-    if !read_only.is_empty() {
-        return Err(read_only
-            .into_iter()
-            .map(|pointer| Rejection {
-                kind: RejectionKind::ReadOnly,
-                document: Document::State,
-                message: format!("{pointer} of the board is read-only; leave it out of the patch"),
-                pointer,
-            })
-            .collect());
-    }
-    let violations = schema.violations(&new_state);
-    if !violations.is_empty() {
-        return Err(violations
-            .into_iter()
-            .map(|v| Rejection {
-                kind: RejectionKind::Schema,
-                document: Document::State,
-                message: format!("after the patch the board breaks its schema: {}", v.message),
-                pointer: v.pointer,
-            })
-            .collect());
+    match schema.check_write(board_state, &new_state) {
+        WriteCheck::Fine => {}
+        WriteCheck::ReadOnly(read_only) => {
+            return Err(read_only
+                .into_iter()
+                .map(|pointer| Rejection {
+                    kind: RejectionKind::ReadOnly,
+                    document: Document::State,
+                    message: format!(
+                        "{pointer} of the board is read-only; leave it out of the patch"
+                    ),
+                    pointer,
+                })
+                .collect());
+        }
+        WriteCheck::Invalid(violations) => {
+            return Err(violations
+                .into_iter()
+                .map(|v| Rejection {
+                    kind: RejectionKind::Schema,
+                    document: Document::State,
+                    message: format!("after the patch the board breaks its schema: {}", v.message),
+                    pointer: v.pointer,
+                })
+                .collect());
+        }
     }
     Ok(BoardChange {
         patch: patch.clone(),
