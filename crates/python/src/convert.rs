@@ -1,6 +1,8 @@
 //! JSON values between Python and Rust: `dict`/`list`/`str`/`int`/`float`/`bool`/`None` and
 //! `serde_json::Value`, keys in order (the workspace's serde_json preserves it).
 
+use std::fmt::Write as _;
+
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -73,7 +75,12 @@ fn convert(
             };
             let len = pointer.len();
             pointer.push('/');
-            pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            // The pointer is kept for error messages; escaping allocates only when needed.
+            if key.contains(['~', '/']) {
+                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            } else {
+                pointer.push_str(&key);
+            }
             let value = convert(&item, what, pointer, depth + 1)?;
             pointer.truncate(len);
             map.insert(key, value);
@@ -85,7 +92,7 @@ fn convert(
         for (index, item) in object.try_iter()?.enumerate() {
             let len = pointer.len();
             pointer.push('/');
-            pointer.push_str(&index.to_string());
+            let _ = write!(pointer, "{index}");
             items.push(convert(&item?, what, pointer, depth + 1)?);
             pointer.truncate(len);
         }
