@@ -117,7 +117,8 @@ pub trait Boards: Send + Sync {
     ) -> Result<u64>;
     /// Commits a task's step (exactly as `Journal::commit_step`, with the task at
     /// `expected_task_version`) and a board write on top of `expected_board_version` in ONE
-    /// transaction: task `Conflict` or `BoardMoved` refuses both. Returns the board's new
+    /// transaction: task `Conflict` or `BoardMoved` refuses both, and so does a task that is
+    /// not a member of the board (`NotAttached`, `AttachedElsewhere`). Returns the board's new
     /// version.
     async fn commit_step_with_board(
         &self,

@@ -106,6 +106,10 @@ pub enum StoreError {
         attached: String,
     },
     #[error(
+        "task {task} is not attached to board {board}, so it cannot write it; attach it first (`skillstate run … --board NAME`, or the store's attach_task)"
+    )]
+    NotAttached { task: String, board: String },
+    #[error(
         "`{name}` cannot name a board: {reason}; board names use letters, digits, `-`, `_` and `.`, at most 100 characters"
     )]
     BadBoardName { name: String, reason: String },

@@ -176,6 +176,29 @@ impl Boards for PostgresStore {
         write: &BoardWrite,
     ) -> Result<u64> {
         let mut tx = self.pool.begin().await?;
+        // Only a member writes the board with a step (membership rows change only by attaching
+        // and by deleting the task or the board, which the locks below exclude or refuse).
+        let attached: Option<String> =
+            sqlx::query_scalar("SELECT board_id FROM board_members WHERE task_id = $1")
+                .bind(task)
+                .fetch_optional(&mut *tx)
+                .await?;
+        match attached {
+            Some(attached) if attached == board => {}
+            Some(attached) => {
+                return Err(StoreError::AttachedElsewhere {
+                    task: task.to_owned(),
+                    board: board.to_owned(),
+                    attached,
+                });
+            }
+            None => {
+                return Err(StoreError::NotAttached {
+                    task: task.to_owned(),
+                    board: board.to_owned(),
+                });
+            }
+        }
         // Board first, then the task: every transaction that locks both rows locks them in this
         // order. A refusal returns before the commit; dropping `tx` rolls everything back.
         let version = write_board(&mut tx, board, expected_board_version, write).await?;

@@ -122,8 +122,31 @@ pub(super) struct StepWithBoard {
 
 impl StepWithBoard {
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
+        member_check(conn, self.step.task(), &self.board.board)?;
         self.board.run(conn)?;
         self.step.run(conn)
+    }
+}
+
+/// Only a member of a board writes it with a step: `NotAttached`, or `AttachedElsewhere`.
+fn member_check(conn: &Connection, task: &str, board: &str) -> OpResult<()> {
+    let attached: Option<String> = conn
+        .prepare_cached("SELECT board_id FROM board_members WHERE task_id = ?")?
+        .query_row([task], |row| row.get(0))
+        .optional()?;
+    match attached {
+        Some(attached) if attached == board => Ok(()),
+        Some(attached) => Err(StoreError::AttachedElsewhere {
+            task: task.to_owned(),
+            board: board.to_owned(),
+            attached,
+        }
+        .into()),
+        None => Err(StoreError::NotAttached {
+            task: task.to_owned(),
+            board: board.to_owned(),
+        }
+        .into()),
     }
 }
 

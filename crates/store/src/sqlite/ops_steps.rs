@@ -130,6 +130,11 @@ pub(super) struct Step {
 }
 
 impl Step {
+    /// The task this step commits to.
+    pub(super) fn task(&self) -> &str {
+        &self.task
+    }
+
     pub(super) fn new(
         task: &str,
         expected_version: u64,

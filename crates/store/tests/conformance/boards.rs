@@ -276,6 +276,39 @@ async fn a_step_and_its_board_write_commit_together_or_not_at_all() -> anyhow::R
         let writes = store.board_writes(&board.id, 1, 2).await?;
         assert_eq!(writes[1].author, author(2));
         assert_eq!(writes[1].rebased_from, Some(0));
+        // Only a member writes the board with a step: a task attached nowhere, or to another
+        // board, is refused, and neither its step nor the board moves.
+        let outsider = store.create_task(new_task(), &json!({})).await?;
+        let mut theirs = step_commit(1, &json!({}), json!({"mine": 1}), false);
+        theirs.entry.board_version = Some(2);
+        let outside_write = board_write(&json!({"n": 2}), json!({"n": 7}), author(1));
+        match store
+            .commit_step_with_board(&outsider.id, 0, &theirs, &board.id, 2, &outside_write)
+            .await
+        {
+            Err(StoreError::NotAttached { task, board: named }) => {
+                assert_eq!((task, named), (outsider.id.clone(), board.id.clone()))
+            }
+            other => bail!("a task attached nowhere: {other:?}"),
+        }
+        let other_board = store
+            .create_board(new_board("other", None, json!({"n": 0})))
+            .await?;
+        store.attach_task(&other_board.id, &outsider.id).await?;
+        match store
+            .commit_step_with_board(&outsider.id, 0, &theirs, &board.id, 2, &outside_write)
+            .await
+        {
+            Err(StoreError::AttachedElsewhere { attached, .. }) => {
+                assert_eq!(attached, other_board.id)
+            }
+            other => bail!("a task of another board: {other:?}"),
+        }
+        assert_eq!(store.task(&outsider.id).await?.version, 0);
+        assert!(store.journal(&outsider.id).await?.is_empty());
+        let now = store.board(&board.id, None).await?;
+        assert_eq!((now.version, &now.state), (2, &json!({"n": 2})));
+
         // A step of a task without a board journals no board version.
         let plain = store.create_task(new_task(), &json!({})).await?;
         store
