@@ -78,8 +78,8 @@ pub struct TaskRecord {
     /// The tenant that owns the task (`Tenancy`); `None` for tasks created outside the
     /// service.
     pub tenant: Option<String>,
-    /// The task's labels as given at creation (`TaskOwner::labels`, `QueuedTask::labels`);
-    /// empty when it has none.
+    /// The task's labels as given at creation (`TaskOwner::labels`, `QueuedTask::labels`; a
+    /// fork carries its parent's); empty when it has none.
     pub labels: Map<String, Value>,
 }
 

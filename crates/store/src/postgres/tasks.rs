@@ -162,8 +162,8 @@ impl Tasks for PostgresStore {
             });
         }
         sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant) \
-             SELECT $1, skill_name, skill, tools, context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5, tenant FROM tasks WHERE id = $6",
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant, labels) \
+             SELECT $1, skill_name, skill, tools, context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5, tenant, labels FROM tasks WHERE id = $6",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))

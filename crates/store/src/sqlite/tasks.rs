@@ -73,8 +73,8 @@ impl Tasks for SqliteStore {
         let mut conn = self.write_conn().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let created = sqlx::query(
-            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant) \
-             SELECT ?, skill_name, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant FROM tasks WHERE id = ? AND version >= ?",
+            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant, labels) \
+             SELECT ?, skill_name, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant, labels FROM tasks WHERE id = ? AND version >= ?",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))

@@ -797,7 +797,11 @@ async fn events_are_read_per_tenant_and_per_task_and_go_with_their_task() -> any
     on_each_backend(|db| async move {
         let store = db.open().await?;
         let (a, _) = store
-            .create_owned_task(new_task(), &json!({}), &owner("acme", None, json!({})))
+            .create_owned_task(
+                new_task(),
+                &json!({}),
+                &owner("acme", None, json!({"team": "ops"})),
+            )
             .await?;
         let (b, _) = store
             .create_owned_task(new_task(), &json!({}), &owner("globex", None, json!({})))
@@ -809,6 +813,10 @@ async fn events_are_read_per_tenant_and_per_task_and_go_with_their_task() -> any
         // A fork belongs to its parent's tenant; queued tasks to none.
         let fork = store.fork_task(&a.id, 1, &json!({"k1": 1}), None).await?;
         assert_eq!(fork.tenant.as_deref(), Some("acme"));
+        // ... and carries its labels, so a filter that found the parent finds the fork.
+        assert_eq!(Value::Object(fork.labels.clone()), json!({"team": "ops"}));
+        let reread = store.task(&fork.id).await?.labels;
+        assert_eq!(Value::Object(reread), json!({"team": "ops"}));
         let batch = store
             .create_batch(&NewBatch {
                 name: "b".into(),
