@@ -381,8 +381,14 @@ async fn lifecycle(harness: &Harness, api: &dyn Transport) {
         .await
         .expect(200)
         .json();
-    assert_eq!(labelled["tasks"].as_array().unwrap().len(), 1);
-    assert_eq!(labelled["tasks"][0]["id"], id.as_str());
+    // A fork carries its parent's labels: the filter finds both, in the listing's order.
+    let labelled: Vec<&str> = labelled["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(labelled, [fork_id.as_str(), id.as_str()]);
 
     // Cancel the fork (idempotent), then delete it.
     let canceled = api
