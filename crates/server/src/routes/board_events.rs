@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::response::sse::Event;
 use serde::Serialize;
 use serde_json::Value;
 use skillstate_store::{BoardWriteRecord, Store, StoreError};
@@ -38,7 +38,7 @@ use utoipa::openapi::{Ref, RefOr};
 use super::boards::owned_board;
 use super::events::{
     EVENT_PAGE, EventsQuery, Start, error_event, quoted, shutdown_event, shutting_down,
-    start_position,
+    sse_response, start_position,
 };
 use crate::app::AppState;
 use crate::auth::Caller;
@@ -162,17 +162,7 @@ pub async fn board_events(
         let event = feed.next().await?;
         Some((Ok::<_, Infallible>(event), feed))
     });
-    let sse = Sse::new(events).keep_alive(
-        KeepAlive::new()
-            .interval(state.config.events_keep_alive)
-            .text("keep-alive"),
-    );
-    let mut response = sse.into_response();
-    response.headers_mut().insert(
-        HeaderName::from_static("x-accel-buffering"),
-        HeaderValue::from_static("no"),
-    );
-    Ok(response)
+    Ok(sse_response(&state, events))
 }
 
 /// The version the stream resumes after: the one named (at most the board's), the board's

@@ -333,18 +333,26 @@ async fn stream(
         let event = feed.next().await?;
         Some((Ok::<_, Infallible>(event), feed))
     });
+    Ok(sse_response(state, events))
+}
+
+/// The response of an event stream: keep-alive comments while idle, and no buffering by
+/// proxies (nginx would hold events back).
+pub(super) fn sse_response(
+    state: &AppState,
+    events: impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
+) -> Response {
     let sse = Sse::new(events).keep_alive(
         KeepAlive::new()
             .interval(state.config.events_keep_alive)
             .text("keep-alive"),
     );
     let mut response = sse.into_response();
-    // Proxies that buffer responses (nginx) would hold events back.
     response.headers_mut().insert(
         HeaderName::from_static("x-accel-buffering"),
         HeaderValue::from_static("no"),
     );
-    Ok(response)
+    response
 }
 
 /// A refused position as quoted back: at most [`QUOTED_POSITION`] characters.
