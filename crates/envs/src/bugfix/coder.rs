@@ -14,8 +14,8 @@ use skillstate_tools::{
 
 use super::codebase::Codebase;
 use super::{
-    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, lock, restore_error, test_schema,
-    text_arg,
+    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, lock, output, restore_error,
+    test_schema, text_arg,
 };
 
 pub const KIND: &str = "bugfix_coder";
@@ -122,10 +122,7 @@ impl Tool for CoderTool {
             ),
             Op::RunTest => copy.run_test(&text_arg(args, "test")),
         };
-        Ok(match result {
-            Ok(text) => ToolOutput::success(text),
-            Err(text) => ToolOutput::failure(text),
-        })
+        Ok(output(result))
     }
 }
 

@@ -117,6 +117,14 @@ impl Tool for WaitTool {
     }
 }
 
+/// A tool's answer: its text as a success, or as a failed call the model sees.
+pub(crate) fn output(result: Result<String, String>) -> ToolOutput {
+    match result {
+        Ok(text) => ToolOutput::success(text),
+        Err(text) => ToolOutput::failure(text),
+    }
+}
+
 /// The text argument `key` of a tool call (schema-checked before the call).
 pub(crate) fn text_arg(args: &Value, key: &str) -> String {
     args.get(key)

@@ -15,7 +15,8 @@ use skillstate_tools::{
 
 use super::codebase::Codebase;
 use super::{
-    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, lock, restore_error, text_arg,
+    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, lock, output, restore_error,
+    text_arg,
 };
 
 pub const KIND: &str = "bugfix_reviewer";
@@ -171,10 +172,7 @@ impl Tool for ReviewerTool {
             ),
             Op::Release => copy.release(&text_arg(args, "version")),
         };
-        Ok(match result {
-            Ok(text) => ToolOutput::success(text),
-            Err(text) => ToolOutput::failure(text),
-        })
+        Ok(output(result))
     }
 }
 
