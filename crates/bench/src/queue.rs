@@ -142,6 +142,7 @@ pub async fn submit(store: &dyn Store, tasks: usize, steps: u32) -> Result<Strin
                 task,
                 initial_state: skill.definition.initial_state.clone(),
                 labels: json!({}),
+                tenant: None,
             });
         }
         store

@@ -259,6 +259,13 @@ async fn skip_and_log_runs_every_task_and_the_summary_matches_the_database() {
         status.contains("failed tasks (2)") && status.contains("rejected"),
         "{status}"
     );
+    assert!(
+        status.contains(&format!(
+            "skill {}, model openai:fake-model\n",
+            fixture_skill().display()
+        )),
+        "{status}"
+    );
     let list = cli(&s.dir, &s.config, &["--db", &s.db, "batches"]);
     expect_exit(&list, 0, "batches");
     assert!(
@@ -458,6 +465,117 @@ async fn jsonl_inputs_set_environment_parameters_labels_and_limits() {
         "{}",
         text(&bad.stderr)
     );
+}
+
+/// `--tenant` gives a submitted batch's tasks to a tenant, whose API keys then see the batch; a
+/// batch made through the service (which records only its skill and model) shows them in
+/// `batch status` as a batch file's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_submitted_for_a_tenant_is_the_tenants_and_api_batches_show_their_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (skill, _) = common::warehouse_copy(dir, 1, 3);
+    let config = dir.join("skillstate.toml");
+    std::fs::write(&config, "").unwrap();
+    std::fs::write(
+        dir.join("in.jsonl"),
+        "{\"environment\": {\"seed\": 1}}\n{\"environment\": {\"seed\": 2}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("batch.yaml"),
+        format!(
+            "skill: {}\nmodel: oracle\ninputs: in.jsonl\nstore: b.db\n",
+            skill.display()
+        ),
+    )
+    .unwrap();
+    let bad = cli(
+        dir,
+        &config,
+        &["batch", "submit", "batch.yaml", "--tenant", "acme corp"],
+    );
+    expect_exit(&bad, 1, "batch submit with a tenant name that has a space");
+    assert!(
+        text(&bad.stderr).contains("--tenant `acme corp`: use 1-64 of"),
+        "{}",
+        text(&bad.stderr)
+    );
+    assert!(
+        !dir.join("b.db").exists(),
+        "a refused submit stores nothing"
+    );
+
+    let submitted = cli(
+        dir,
+        &config,
+        &["batch", "submit", "batch.yaml", "--tenant", "acme"],
+    );
+    expect_exit(&submitted, 0, "batch submit --tenant acme");
+    let id = text(&submitted.stdout).trim().to_owned();
+    let untenanted = cli(dir, &config, &["batch", "submit", "batch.yaml"]);
+    expect_exit(&untenanted, 0, "batch submit");
+    let other = text(&untenanted.stdout).trim().to_owned();
+
+    let db = dir.join("b.db");
+    let store = skillstate_store::open_with(db.to_str().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.batch_tenant(&id).await.unwrap().as_deref(),
+        Some("acme")
+    );
+    assert_eq!(store.batch_tenant(&other).await.unwrap(), None);
+    for task in store.batch_tasks(&id).await.unwrap() {
+        assert_eq!(
+            store.task_tenant(&task.id).await.unwrap().as_deref(),
+            Some("acme")
+        );
+    }
+    let visible = store
+        .list_batches_page(&skillstate_store::BatchQuery {
+            tenant: "acme".into(),
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        visible.into_iter().map(|b| b.id).collect::<Vec<_>>(),
+        [id.clone()]
+    );
+
+    // A batch as `POST /v1/tasks:batch` records it: its skill and model, nothing else.
+    let api = store
+        .create_batch(&skillstate_store::NewBatch {
+            name: "api".into(),
+            spec: json!({"source": "api", "skill": "warehouse", "model": "oracle", "idempotency_key": null}),
+            on_error: skillstate_store::OnError::SkipAndLog,
+            max_retry: 0,
+            rate_limit: Default::default(),
+        })
+        .await
+        .unwrap();
+    store.release().await;
+    drop(store);
+    let status = cli(dir, &config, &["--db", "b.db", "batch", "status", &api.id]);
+    expect_exit(&status, 0, "batch status of an API batch");
+    let status = text(&status.stdout);
+    assert!(
+        status.contains("skill warehouse, model oracle\n"),
+        "{status}"
+    );
+    let report = cli(
+        dir,
+        &config,
+        &[
+            "--db", "b.db", "batch", "report", &api.id, "--format", "json",
+        ],
+    );
+    expect_exit(&report, 0, "batch report of an API batch");
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(report["batch"]["model"], "oracle", "{report}");
+    assert_eq!(report["batch"]["skill"], "warehouse", "{report}");
 }
 
 /// SIGTERM drains a worker: it exits 0, leaves no lease behind, and the tasks it had are still

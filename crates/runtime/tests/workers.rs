@@ -102,6 +102,7 @@ async fn submit(store: &dyn Store, count: u64, ledger: &Path) -> String {
             task,
             initial_state: skill.definition.initial_state.clone(),
             labels: json!({"seed": seed}),
+            tenant: None,
         });
     }
     store.enqueue_tasks(&batch.id, queued).await.unwrap();

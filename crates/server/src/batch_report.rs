@@ -182,6 +182,16 @@ pub struct Metrics {
     pub eta_ms: Option<i64>,
 }
 
+/// A text setting a batch was submitted with (`model`, `skill`): batch files and the
+/// service's batch creates both store them under these names.
+pub fn setting(batch: &BatchRecord, name: &str) -> Option<String> {
+    batch
+        .spec
+        .get(name)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
 /// A batch's settings and state.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BatchInfo {

@@ -358,6 +358,7 @@ async fn batches(harness: &Harness, api: &dyn Transport) {
                 },
                 initial_state: task.skill.initial_state.clone(),
                 labels: json!({}),
+                tenant: None,
             }],
         )
         .await

@@ -83,6 +83,10 @@ pub struct QueuedTask {
     pub initial_state: Value,
     /// A JSON object of labels (`{"file": "order-7.txt"}`), shown in reports.
     pub labels: Value,
+    /// The tenant that owns the task, as the service's creates set it (`Tenancy`): its API
+    /// keys see the task, and the batch once every task of it is the tenant's. `None`: a task
+    /// of no tenant, which only the CLI (and `skillstate view`) sees.
+    pub tenant: Option<String>,
 }
 
 /// Where a task stands in the queue.

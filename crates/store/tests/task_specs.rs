@@ -447,6 +447,7 @@ async fn skill_and_tools_live_apart_and_go_with_their_task() -> anyhow::Result<(
                 task: new_task(small_skill()),
                 initial_state: json!({}),
                 labels: json!({"file": "a.txt"}),
+                tenant: None,
             }],
         )
         .await?;

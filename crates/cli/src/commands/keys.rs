@@ -41,7 +41,7 @@ pub enum KeysCommand {
 }
 
 /// Tenants are names people type: 1–64 of a-z, A-Z, 0-9, `-`, `_`, `.`.
-fn check_tenant(tenant: &str) -> Result<()> {
+pub(crate) fn check_tenant(tenant: &str) -> Result<()> {
     let ok = !tenant.is_empty()
         && tenant.len() <= 64
         && tenant

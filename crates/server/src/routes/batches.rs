@@ -12,7 +12,6 @@
 use axum::Extension;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use skillstate_store::{BatchQuery, BatchRecord, BatchState, StoreError};
 use utoipa::{IntoParams, ToSchema};
 
@@ -20,7 +19,7 @@ use super::is_task_id;
 use super::tasks::{DEFAULT_PAGE, MAX_PAGE};
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::batch_report::{BatchInfo, Counts, Metrics, Report, TaskRow, now_millis};
+use crate::batch_report::{self, BatchInfo, Counts, Metrics, Report, TaskRow, now_millis};
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, Problem};
 use crate::views::{Redaction, rfc3339};
@@ -92,15 +91,6 @@ fn state_name(state: BatchState) -> &'static str {
     }
 }
 
-/// A text setting of a batch (`model`, `skill`).
-fn setting(batch: &BatchRecord, name: &str) -> Option<String> {
-    batch
-        .spec
-        .get(name)
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-}
-
 impl BatchListItem {
     fn of(batch: &BatchRecord) -> Self {
         Self {
@@ -108,8 +98,8 @@ impl BatchListItem {
             name: batch.name.clone(),
             state: state_name(batch.state).to_owned(),
             stop_reason: batch.stop_reason.clone(),
-            model: setting(batch, "model"),
-            skill: setting(batch, "skill"),
+            model: batch_report::setting(batch, "model"),
+            skill: batch_report::setting(batch, "skill"),
             created_at: rfc3339(batch.created_at),
         }
     }
@@ -239,8 +229,8 @@ pub async fn get_batch(
             task.failure = Some(shown);
         }
     }
-    let model = setting(&batch, "model");
-    let skill = setting(&batch, "skill");
+    let model = batch_report::setting(&batch, "model");
+    let skill = batch_report::setting(&batch, "skill");
     let price = model.as_deref().and_then(|m| state.prices.get(m));
     let report = Report::build(batch, &tasks, model, skill, price, now_millis());
     let failures = report.failures();

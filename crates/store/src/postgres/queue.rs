@@ -96,10 +96,10 @@ impl Queue for PostgresStore {
         for (ids, tasks) in ids.chunks(ENQUEUE_CHUNK).zip(tasks.chunks(ENQUEUE_CHUNK)) {
             let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
             sqlx::query(
-                "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels) \
-                 SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[]) \
-                 AS u(id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, state, labels)",
+                "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant) \
+                 SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels, u.tenant \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[], $14::text[]) \
+                 AS u(id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, state, labels, tenant)",
             )
             .bind(ids)
             .bind(tasks.iter().map(|t| t.task.skill.name.clone()).collect::<Vec<_>>())
@@ -114,6 +114,7 @@ impl Queue for PostgresStore {
             .bind(now)
             .bind(batch)
             .bind(tasks.iter().map(|t| to_json(&t.labels)).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>())
             .execute(&mut *tx)
             .await?;
             sqlx::query(

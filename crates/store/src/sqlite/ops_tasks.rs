@@ -58,6 +58,11 @@ impl TaskRow {
         }
     }
 
+    /// The task owned by `tenant` (`None`: by no tenant).
+    pub(super) fn of_tenant(self, tenant: Option<String>) -> Self {
+        Self { tenant, ..self }
+    }
+
     /// A task owned by `owner.tenant`, with its labels and idempotency key.
     pub(super) fn owned(task: &NewTask, initial_state: &Value, owner: &TaskOwner) -> Self {
         Self {

@@ -74,7 +74,9 @@ impl Queue for SqliteStore {
         // Serialised here, written by the writer in one savepoint: all or nothing.
         let rows: Vec<TaskRow> = tasks
             .iter()
-            .map(|t| TaskRow::new(&t.task, &t.initial_state, Some(&t.labels)))
+            .map(|t| {
+                TaskRow::new(&t.task, &t.initial_state, Some(&t.labels)).of_tenant(t.tenant.clone())
+            })
             .collect();
         let ids = rows.iter().map(|row| row.id.clone()).collect();
         self.write_done(Write::NewTasks(NewTasks {

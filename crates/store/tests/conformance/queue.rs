@@ -24,6 +24,7 @@ fn queued(n: usize) -> QueuedTask {
         },
         initial_state: json!({"n": n}),
         labels: json!({"file": format!("input-{n}.txt")}),
+        tenant: None,
     }
 }
 

@@ -593,6 +593,7 @@ async fn a_tasks_labels_come_back_from_every_read() -> anyhow::Result<()> {
                     task: new_task(),
                     initial_state: json!({}),
                     labels: json!({"file": "order-7.txt", "line": 3}),
+                    tenant: None,
                 }],
             )
             .await?;
@@ -834,6 +835,7 @@ async fn events_are_read_per_tenant_and_per_task_and_go_with_their_task() -> any
                         task: new_task(),
                         initial_state: json!({"n": n}),
                         labels: json!({}),
+                        tenant: None,
                     })
                     .collect(),
             )
@@ -1248,7 +1250,23 @@ async fn a_tenant_sees_the_batches_whose_every_task_is_its_own() -> anyhow::Resu
                     task: new_task(),
                     initial_state: json!({}),
                     labels: json!({}),
+                    tenant: None,
                 }],
+            )
+            .await?;
+        // Tasks queued for a tenant (`batch submit --tenant`) make that tenant's batch.
+        let submitted = store.create_batch(&batch_named("submitted")).await?;
+        let submitted_tasks = store
+            .enqueue_tasks(
+                &submitted.id,
+                (0..2)
+                    .map(|n| QueuedTask {
+                        task: new_task(),
+                        initial_state: json!({"n": n}),
+                        labels: json!({}),
+                        tenant: Some("globex".into()),
+                    })
+                    .collect(),
             )
             .await?;
         let empty = store.create_batch(&batch_named("empty")).await?;
@@ -1280,7 +1298,15 @@ async fn a_tenant_sees_the_batches_whose_every_task_is_its_own() -> anyhow::Resu
         assert_eq!(listed("acme", None, 1).await?, [newer.id.as_str()]);
         assert_eq!(listed("acme", Some(&newer.id), 1).await?, [own.id.as_str()]);
         assert!(listed("acme", Some(&own.id), 10).await?.is_empty());
-        assert!(listed("globex", None, 100).await?.is_empty());
+        assert_eq!(listed("globex", None, 100).await?, [submitted.id.clone()]);
+        for task in &submitted_tasks {
+            assert_eq!(store.task_tenant(task).await?.as_deref(), Some("globex"));
+            assert_eq!(store.task(task).await?.tenant.as_deref(), Some("globex"));
+        }
+        assert_eq!(
+            store.batch_tenant(&submitted.id).await?.as_deref(),
+            Some("globex")
+        );
 
         assert_eq!(store.batch_tenant(&own.id).await?.as_deref(), Some("acme"));
         assert_eq!(store.batch_tenant(&mixed.id).await?, None);

@@ -20,6 +20,7 @@ use skillstate_store::prelude::*;
 use skillstate_store::{BatchRecord, BatchState};
 use tokio::sync::mpsc;
 
+use super::keys::check_tenant;
 use super::worker::{CliHost, stop_on_signals, worker_options};
 use crate::config::{Config, load_config, open_existing, open_store};
 use crate::render::{Table, format_time};
@@ -54,11 +55,19 @@ enum BatchCommand {
     Run {
         /// The batch file (batch.yaml).
         file: PathBuf,
+        /// The tenant that owns the batch's tasks: its API keys see them and the batch (as if
+        /// `POST /v1/tasks:batch` had made it). Default: no tenant (the CLI's own).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Queue a batch file's tasks for workers (`skillstate worker`); prints the batch id.
     Submit {
         /// The batch file (batch.yaml).
         file: PathBuf,
+        /// The tenant that owns the batch's tasks: its API keys see them and the batch (as if
+        /// `POST /v1/tasks:batch` had made it). Default: no tenant (the CLI's own).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Run the queued tasks of a submitted batch in this process, as `batch run` does.
     Resume {
@@ -99,10 +108,15 @@ enum ReportFormat {
 
 pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> Result<ExitCode> {
     match args.command {
-        BatchCommand::Run { file } => {
+        BatchCommand::Run { file, tenant } => {
+            if let Some(tenant) = &tenant {
+                check_tenant(tenant)?;
+            }
             let config = load_config(config_path)?;
             let spec = BatchSpec::load(&file)?;
-            let prepared = submit::prepare(&spec, &config).await?;
+            let prepared = submit::prepare(&spec, &config)
+                .await?
+                .for_tenant(tenant.as_deref());
             let location = db.for_spec(&spec);
             let store = open_store(&location, &config).await?;
             let submitted = prepared.submit(store.as_ref()).await?;
@@ -114,10 +128,15 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
             );
             drive(store, &config, &location, submitted.batch).await
         }
-        BatchCommand::Submit { file } => {
+        BatchCommand::Submit { file, tenant } => {
+            if let Some(tenant) = &tenant {
+                check_tenant(tenant)?;
+            }
             let config = load_config(config_path)?;
             let spec = BatchSpec::load(&file)?;
-            let prepared = submit::prepare(&spec, &config).await?;
+            let prepared = submit::prepare(&spec, &config)
+                .await?
+                .for_tenant(tenant.as_deref());
             let location = db.for_spec(&spec);
             let store = open_store(&location, &config).await?;
             let submitted = prepared.submit(store.as_ref()).await?;

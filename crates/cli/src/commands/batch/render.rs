@@ -157,6 +157,13 @@ pub fn status(report: &Report) -> String {
         format_time(b.created_at),
         counts_line(report)
     );
+    let settings: Vec<String> = [("skill", &b.skill), ("model", &b.model)]
+        .into_iter()
+        .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name} {v}")))
+        .collect();
+    if !settings.is_empty() {
+        out.push_str(&format!("{}\n", settings.join(", ")));
+    }
     for (name, value) in metric_lines(report) {
         out.push_str(&format!("{name}: {value}\n"));
     }

@@ -6,11 +6,11 @@
 use skillstate_store::prelude::*;
 use skillstate_store::{BatchRecord, BatchTask};
 
+use skillstate_server::batch_report;
 #[cfg(test)]
 pub use skillstate_server::batch_report::Standing;
 pub use skillstate_server::batch_report::{Report, TaskRow, now_millis};
 
-use super::spec::BatchSpec;
 use crate::config::Config;
 use crate::hidden::Hidden;
 
@@ -32,9 +32,10 @@ pub async fn load(store: &dyn Store, batch: &str, config: &Config) -> anyhow::Re
 
 /// The figures of `batch` at `now`, priced from skillstate.toml.
 pub fn build(batch: BatchRecord, tasks: &[BatchTask], config: &Config, now: i64) -> Report {
-    let spec = BatchSpec::from_value(&batch.spec);
-    let model = spec.as_ref().map(|s| s.model.clone());
-    let skill = spec.as_ref().map(|s| s.skill.display().to_string());
+    // The settings as stored, so a batch made through the service (which stores only its
+    // model and skill) shows them as one made from a batch file does.
+    let model = batch_report::setting(&batch, "model");
+    let skill = batch_report::setting(&batch, "skill");
     let price = model.as_deref().and_then(|m| config.prices.get(m));
     Report::build(batch, tasks, model, skill, price, now)
 }

@@ -29,6 +29,14 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The tasks owned by `tenant` (`None`: by no tenant).
+    pub fn for_tenant(mut self, tenant: Option<&str>) -> Self {
+        for task in &mut self.tasks {
+            task.tenant = tenant.map(str::to_owned);
+        }
+        self
+    }
+
     /// Creates the batch and queues its tasks.
     pub async fn submit(self, store: &dyn Store) -> Result<Submitted> {
         let batch = store.create_batch(&self.batch).await?;
@@ -161,6 +169,7 @@ pub(crate) fn prepare_one(
         task,
         initial_state,
         labels: Value::Object(input.labels.clone()),
+        tenant: None,
     })
 }
 
