@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use skillstate_core::Rejection;
 use skillstate_core::json::state_hash;
 use skillstate_core::skill::UnknownOutcome;
+use skillstate_core::{Rejection, RejectionKind};
 use skillstate_store::{JournalEntry, Store, StoreError, TaskRecord, TaskStatus};
 use skillstate_tools::{Tool, ToolOutput};
 
@@ -93,17 +93,43 @@ pub(crate) struct Attempts {
     pub(crate) made: u32,
     /// The errors of the last of them.
     pub(crate) last_errors: Vec<Rejection>,
+    /// The attempt numbers of those refused only because others' board writes met them: not
+    /// the model's mistakes, so (up to a bound) they do not spend the step's retry budget,
+    /// before a crash or after it.
+    pub(crate) board_conflicts: Vec<u32>,
 }
 
 impl Attempts {
     /// The answers `journal` holds for `step`.
     pub(crate) fn at(journal: &[JournalEntry], step: u64) -> Self {
         let answers: Vec<&JournalEntry> = journal.iter().filter(|e| e.step == step).collect();
+        let board_conflicts = answers
+            .iter()
+            .filter(|e| {
+                let errors = rejections_of(e);
+                !errors.is_empty()
+                    && errors
+                        .iter()
+                        .all(|r| r.kind == RejectionKind::BoardConflict)
+            })
+            .map(|e| e.attempt)
+            .collect();
         Self {
             step,
             made: u32::try_from(answers.len()).unwrap_or(u32::MAX),
             last_errors: answers.last().map(|e| rejections_of(e)).unwrap_or_default(),
+            board_conflicts,
         }
+    }
+
+    /// How many of the answers from attempt `first_counted` on were board conflicts.
+    pub(crate) fn board_conflicts_from(&self, first_counted: u32) -> u32 {
+        let counted = self
+            .board_conflicts
+            .iter()
+            .filter(|attempt| **attempt >= first_counted)
+            .count();
+        u32::try_from(counted).unwrap_or(u32::MAX)
     }
 }
 

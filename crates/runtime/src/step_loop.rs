@@ -512,13 +512,16 @@ impl<'a> Runner<'a> {
             first_counted,
             earlier,
         } = budget;
-        let mut retry: Vec<Rejection> = earlier.last_errors;
         let first_attempt = earlier.made.saturating_add(1);
         let max_attempts = settings.run.max_retries.saturating_add(1);
-        let last_attempt = first_counted.saturating_sub(1).saturating_add(max_attempts);
-
-        let mut last_attempt = last_attempt;
-        let mut conflicts = 0u32;
+        // Answers refused for meeting others' board writes before this run reached the step
+        // (a crash in the middle of it) are free as they were then.
+        let mut conflicts = earlier.board_conflicts_from(first_counted);
+        let mut last_attempt = first_counted
+            .saturating_sub(1)
+            .saturating_add(max_attempts)
+            .saturating_add(conflicts.min(MAX_CONFLICTS_PER_STEP));
+        let mut retry: Vec<Rejection> = earlier.last_errors;
         let mut attempt = first_attempt;
         while attempt <= last_attempt {
             self.check_lease()?;

@@ -9,6 +9,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use async_trait::async_trait;
 use common::sqlite_store;
 use serde_json::{Value, json};
@@ -16,7 +18,9 @@ use skillstate_core::board::BoardScope;
 use skillstate_core::skill::SkillSettings;
 use skillstate_core::{ContextStrategy, RejectionKind, Skill, SkillDefinition};
 use skillstate_providers::{ModelProvider, ModelRequest, ModelResponse, ProviderError};
-use skillstate_runtime::{NoProgress, Runner, TaskOptions, rebuild_prompt, start_task};
+use skillstate_runtime::{
+    LeasePolicy, NoProgress, Runner, TaskOptions, rebuild_prompt, start_task,
+};
 use skillstate_store::{
     BoardAuthor, BoardRecord, BoardWrite, NewBoard, Store, TaskStatus, Verdict, board_state_at,
 };
@@ -83,6 +87,9 @@ struct Team {
     store: Arc<dyn Store>,
     board: String,
     hook: Hook,
+    /// Set: once out of answers, announce it here and never answer (the process "dies"
+    /// waiting for the model).
+    stall: Option<Arc<Notify>>,
 }
 
 #[async_trait]
@@ -116,6 +123,10 @@ impl ModelProvider for Team {
                 )
                 .await
                 .unwrap();
+        }
+        if let (Some(stall), None) = (&self.stall, self.answers.get(n)) {
+            stall.notify_one();
+            std::future::pending::<()>().await;
         }
         Ok(ModelResponse {
             text: self.answers.get(n).cloned().unwrap_or_default(),
@@ -155,6 +166,7 @@ async fn run_agent(
         store: store.clone(),
         board: board.id.clone(),
         hook,
+        stall: None,
     });
     let task = start_task(
         store.as_ref(),
@@ -350,4 +362,138 @@ async fn an_answer_whose_locations_nobody_changed_is_rebased_onto_the_newest_ver
         board_state_at(store.as_ref(), &board.id, 2).await.unwrap(),
         now.state
     );
+}
+
+/// A run that dies after others' writes refused two answers of a step, resumed by a new
+/// runner: those refusals were not the model's mistakes, so they did not spend the step's
+/// retry budget before the crash and do not after it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn board_conflicts_before_a_crash_do_not_spend_the_resumed_steps_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, board) = setup(dir.path()).await;
+    // max_retries = 1: two answers of a step may be the model's mistakes.
+    let skill = agent_skill("counter", &["/shared"], &["/shared/counter"]);
+    assert_eq!(skill.settings().run.max_retries, 1);
+    let lease = Duration::from_millis(300);
+    let policy = || LeasePolicy {
+        ttl: lease,
+        label: "test".into(),
+    };
+
+    // First process: while the model computes each of its two answers, someone else moves the
+    // counter (to 5, then to 7); both answers are refused as conflicts; then it dies waiting
+    // for its third answer.
+    let stuck = Arc::new(Notify::new());
+    let first = Arc::new(Team {
+        answers: vec![
+            answer(
+                json!({"done": true, "board": {"shared": {"counter": 1}}}),
+                "finish",
+                json!({"result": "ok"}),
+            ),
+            answer(
+                json!({"done": true, "board": {"shared": {"counter": 6}}}),
+                "finish",
+                json!({"result": "ok"}),
+            ),
+        ],
+        prompts: Mutex::new(Vec::new()),
+        store: store.clone(),
+        board: board.id.clone(),
+        hook: Box::new(|n| match n {
+            0 => Some((json!({"shared": {"counter": 5}}), 0)),
+            1 => Some((json!({"shared": {"counter": 7}}), 1)),
+            _ => None,
+        }),
+        stall: Some(stuck.clone()),
+    });
+    let mut env = UserRequest::new("Count.");
+    let task = start_task(
+        store.as_ref(),
+        &skill,
+        &mut env,
+        &TaskOptions::new(first.spec(), ContextStrategy::State),
+    )
+    .await
+    .unwrap();
+    store.attach_task(&board.id, &task.id).await.unwrap();
+    {
+        let model: Arc<dyn ModelProvider> = first.clone();
+        let mut quiet = NoProgress;
+        let mut runner =
+            Runner::new(store.clone(), model, &mut env, &mut quiet).with_lease_policy(policy());
+        let run = runner.run(&task.id);
+        tokio::select! {
+            result = run => panic!("the run should hang on its model: {result:?}"),
+            () = stuck.notified() => {}
+        }
+    }
+    let journal = store.journal(&task.id).await.unwrap();
+    let kinds: Vec<(u32, Verdict, String)> = journal
+        .iter()
+        .map(|e| {
+            let errors = e.errors.clone().unwrap_or_default();
+            (
+                e.attempt,
+                e.verdict,
+                errors[0]["kind"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (1, Verdict::Rejected, "board_conflict".to_owned()),
+            (2, Verdict::Rejected, "board_conflict".to_owned())
+        ]
+    );
+    tokio::time::sleep(lease * 2).await;
+
+    // Second process: its one answer, computed on the fresh 7, is the step's third answer and
+    // only its first counted one.
+    let second = Arc::new(Team {
+        answers: vec![answer(
+            json!({"done": true, "board": {"shared": {"counter": 8}}}),
+            "finish",
+            json!({"result": "ok"}),
+        )],
+        prompts: Mutex::new(Vec::new()),
+        store: store.clone(),
+        board: board.id.clone(),
+        hook: Box::new(|_| None),
+        stall: None,
+    });
+    let model: Arc<dyn ModelProvider> = second.clone();
+    let mut env = UserRequest::new("Count.");
+    let outcome = Runner::new(store.clone(), model, &mut env, &mut NoProgress)
+        .with_lease_policy(policy())
+        .run(&task.id)
+        .await
+        .unwrap();
+    let record = store.task(&task.id).await.unwrap();
+    assert_eq!(
+        outcome.status,
+        TaskStatus::Completed,
+        "{:?}",
+        record.outcome
+    );
+    let prompts = second.prompts.lock().unwrap().clone();
+    assert_eq!(prompts.len(), 1);
+    assert!(
+        prompts[0].contains("board_conflict") && prompts[0].contains("\"counter\":7"),
+        "the resumed step shows the last conflict and the fresh value: {}",
+        prompts[0]
+    );
+    let now = store.board(&board.id, None).await.unwrap();
+    assert_eq!(now.state["shared"]["counter"], 8);
+    assert_eq!(now.version, 3);
+    let accepted: Vec<(u64, u32)> = store
+        .journal(&task.id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.verdict == Verdict::Accepted)
+        .map(|e| (e.step, e.attempt))
+        .collect();
+    assert_eq!(accepted, [(1, 3)]);
 }
