@@ -165,6 +165,21 @@ where
     })
 }
 
+/// A `board_snapshots` row (`version`, `state`) as the version and the state it holds.
+pub(crate) fn snapshot_from_row<R: Row>(board: &str, row: &R) -> Result<(u64, Value)>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let version = count(row, "version")?;
+    let state = decode(
+        &format!("snapshot of board {board} at version {version}"),
+        &row.try_get::<String, _>("state")?,
+    )?;
+    Ok((version, state))
+}
+
 /// The columns a listing line reads (`summary_from_row`), members counted.
 pub(crate) const SUMMARY_COLUMNS: &str = "b.id, b.name, b.version, b.tenant, b.created_at, b.updated_at, \
      (SELECT COUNT(*) FROM board_members m WHERE m.board_id = b.id) AS members";

@@ -10,7 +10,10 @@
 //!   new state and journal row commit together or not at all;
 //! - the board journal is append-only: version `n` is the `n`-th write, with the patch as
 //!   applied, the hash of the state after it and its author; the initial state is kept, so any
-//!   version can be rebuilt and every hash checked (`board_state_at`).
+//!   version can be rebuilt and every hash checked (`board_state_at`);
+//! - a write whose new version is a multiple of the store's snapshot interval also stores the
+//!   new state as a snapshot, in the same transaction, so rebuilding a version replays at most
+//!   that many writes; deleting the board deletes its snapshots.
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -133,6 +136,14 @@ pub trait Boards: Send + Sync {
     async fn board_writes(&self, board: &str, from: u64, to: u64) -> Result<Vec<BoardWriteRecord>>;
     /// The state the board was created with (version 0).
     async fn board_initial_state(&self, board: &str) -> Result<Value>;
+    /// The newest snapshot at or before `version`, as its version and state; `None` when there
+    /// is none (no write has reached a multiple of the snapshot interval yet, or the board was
+    /// written before snapshots existed). `NoSuchBoard` when the board does not exist.
+    async fn board_snapshot_at_or_before(
+        &self,
+        board: &str,
+        version: u64,
+    ) -> Result<Option<(u64, Value)>>;
     /// Attaches `task` to `board` (a task belongs to at most one board; attaching it again to
     /// the same board is a no-op, to another is refused with `AttachedElsewhere`).
     async fn attach_task(&self, board: &str, task: &str) -> Result<()>;
@@ -140,6 +151,6 @@ pub trait Boards: Send + Sync {
     async fn task_board(&self, task: &str) -> Result<Option<String>>;
     /// The tasks attached to `board`, in the order they were attached.
     async fn board_members(&self, board: &str) -> Result<Vec<String>>;
-    /// Deletes a board and its journal; attached tasks are detached.
+    /// Deletes a board, its journal and its snapshots; attached tasks are detached.
     async fn delete_board(&self, board: &str) -> Result<()>;
 }

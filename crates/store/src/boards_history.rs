@@ -1,5 +1,8 @@
-//! Time travel on a board: the state at any version rebuilt from the initial state plus the
-//! journal's patches, every recorded state hash checked on the way.
+//! Time travel on a board: the state at any version rebuilt from the newest snapshot at or
+//! before it (or the initial state) plus the journal's patches after it, the snapshot's hash
+//! and every replayed write's recorded state hash checked on the way. Snapshots are written
+//! every `snapshot_every` versions (`Boards::commit_board_write`), so a rebuild replays at most
+//! that many writes whatever the board's age.
 
 use serde_json::Value;
 use skillstate_core::StatePatch;
@@ -8,9 +11,10 @@ use skillstate_core::json::state_hash;
 use crate::{Result, Store, StoreError};
 
 /// The state of `board` (full id) at `version` (0 = the initial state), rebuilt from its
-/// journal. `NoSuchBoardVersion` beyond the newest version; `BoardCorrupt`, naming the version,
-/// when a write is missing, its patch no longer applies or the state it gives hashes otherwise
-/// than recorded.
+/// newest snapshot at or before `version` and the journal after it. `NoSuchBoardVersion`
+/// beyond the newest version; `BoardCorrupt`, naming the version, when a write is missing, its
+/// patch no longer applies, the state it gives hashes otherwise than recorded, or the snapshot
+/// does not hash to the state hash its version's journal row records.
 pub async fn board_state_at(store: &dyn Store, board: &str, version: u64) -> Result<Value> {
     let current = store.board(board, None).await?;
     if version > current.version {
@@ -20,17 +24,51 @@ pub async fn board_state_at(store: &dyn Store, board: &str, version: u64) -> Res
             current: current.version,
         });
     }
-    let mut state = store.board_initial_state(&current.id).await?;
     if version == 0 {
-        return Ok(state);
+        return store.board_initial_state(&current.id).await;
     }
     let corrupt = |at: u64, message: String| StoreError::BoardCorrupt {
         board: current.id.clone(),
         version: at,
         message,
     };
-    let mut expected = 1;
-    for write in store.board_writes(&current.id, 1, version).await? {
+    let snapshot = store
+        .board_snapshot_at_or_before(&current.id, version)
+        .await?
+        .filter(|(at, _)| *at > 0);
+    let (base, mut state) = match snapshot {
+        Some(snapshot) => snapshot,
+        // No snapshot yet (or a board written before snapshots existed): from the start.
+        None => (0, store.board_initial_state(&current.id).await?),
+    };
+    // From the snapshot's own row (its recorded hash), or from write 1.
+    let mut writes = store
+        .board_writes(&current.id, base.max(1), version)
+        .await?
+        .into_iter()
+        .peekable();
+    if base > 0 {
+        let Some(row) = writes.next_if(|write| write.version == base) else {
+            return Err(corrupt(
+                base,
+                "a snapshot is stored for this version but no journal row".into(),
+            ));
+        };
+        let actual = state_hash(&state);
+        if actual != row.state_hash {
+            return Err(corrupt(
+                base,
+                format!(
+                    "the stored snapshot hashes to {actual}, not to the recorded {}; the snapshot \
+                     was changed outside skillstate (deleting its board_snapshots row makes this \
+                     version rebuild from the journal)",
+                    row.state_hash
+                ),
+            ));
+        }
+    }
+    let mut expected = base + 1;
+    for write in writes {
         if write.version != expected {
             return Err(corrupt(expected, "no journal row for this version".into()));
         }

@@ -53,6 +53,11 @@ pub const SQLITE: &[Migration] = &[
         name: "boards",
         sql: include_str!("../migrations/sqlite/0008_boards.sql"),
     },
+    Migration {
+        version: 9,
+        name: "board_snapshots",
+        sql: include_str!("../migrations/sqlite/0009_board_snapshots.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -95,6 +100,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 8,
         name: "boards",
         sql: include_str!("../migrations/postgres/0008_boards.sql"),
+    },
+    Migration {
+        version: 9,
+        name: "board_snapshots",
+        sql: include_str!("../migrations/postgres/0009_board_snapshots.sql"),
     },
 ];
 

@@ -1323,13 +1323,13 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 // ---------------------------------------------------------------------------------------------
 // Opening and migrations
 
-/// The newest schema version of `backend`. Both are at 7 by different seventh migrations:
+/// The newest schema version of `backend`. Both are at 9; their seventh migrations differ:
 /// SQLite moved skill and tools out of `tasks` (PostgreSQL's TOAST does not need it),
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 8,
-        Backend::Postgres => 8,
+        Backend::Sqlite => 9,
+        Backend::Postgres => 9,
     }
 }
 

@@ -10,8 +10,8 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 use super::PostgresStore;
 use crate::board_rows::{
-    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, summary_from_row,
-    write_from_row,
+    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, snapshot_from_row,
+    summary_from_row, write_from_row,
 };
 use crate::boards::*;
 use crate::model::StepCommit;
@@ -19,20 +19,23 @@ use crate::rows::{decode, to_json};
 use crate::{Result, StoreError, now_millis};
 
 /// The board write of [`Boards::commit_board_write`] on `conn` (inside the caller's
-/// transaction): `BoardMoved` or `NoSuchBoard` when refused, and then nothing was written.
+/// transaction), with the new state's snapshot when the new version is a multiple of
+/// `snapshot_every`: `BoardMoved` or `NoSuchBoard` when refused, and then nothing was written.
 async fn write_board(
     conn: &mut PgConnection,
     board: &str,
     expected_version: u64,
     write: &BoardWrite,
+    snapshot_every: u64,
 ) -> Result<u64> {
     let next = expected_version + 1;
     let now = now_millis();
     let row = WriteRow::new(write);
+    let state = to_json(&write.new_state);
     let updated = sqlx::query(
         "UPDATE boards SET state = $1, version = $2, state_hash = $3, updated_at = $4 WHERE id = $5 AND version = $6",
     )
-    .bind(to_json(&write.new_state))
+    .bind(&state)
     .bind(next as i64)
     .bind(&row.state_hash)
     .bind(now)
@@ -66,6 +69,14 @@ async fn write_board(
     .bind(now)
     .execute(&mut *conn)
     .await?;
+    if next.is_multiple_of(snapshot_every) {
+        sqlx::query("INSERT INTO board_snapshots (board_id, version, state) VALUES ($1, $2, $3)")
+            .bind(board)
+            .bind(next as i64)
+            .bind(&state)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(next)
 }
 
@@ -161,7 +172,8 @@ impl Boards for PostgresStore {
         write: &BoardWrite,
     ) -> Result<u64> {
         let mut tx = self.pool.begin().await?;
-        let version = write_board(&mut tx, board, expected_version, write).await?;
+        let version =
+            write_board(&mut tx, board, expected_version, write, self.snapshot_every).await?;
         tx.commit().await?;
         Ok(version)
     }
@@ -201,7 +213,14 @@ impl Boards for PostgresStore {
         }
         // Board first, then the task: every transaction that locks both rows locks them in this
         // order. A refusal returns before the commit; dropping `tx` rolls everything back.
-        let version = write_board(&mut tx, board, expected_board_version, write).await?;
+        let version = write_board(
+            &mut tx,
+            board,
+            expected_board_version,
+            write,
+            self.snapshot_every,
+        )
+        .await?;
         self.commit_step_in(tx, task, expected_task_version, commit)
             .await?;
         Ok(version)
@@ -229,6 +248,22 @@ impl Boards for PostgresStore {
                 .await?;
         let text = text.ok_or_else(|| StoreError::NoSuchBoard(board.to_owned()))?;
         decode(&format!("initial state of board {board}"), &text)
+    }
+
+    async fn board_snapshot_at_or_before(
+        &self,
+        board: &str,
+        version: u64,
+    ) -> Result<Option<(u64, Value)>> {
+        self.board_exists(board).await?;
+        let row = sqlx::query(
+            "SELECT version, state FROM board_snapshots WHERE board_id = $1 AND version <= $2 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(board)
+        .bind(version.min(i64::MAX as u64) as i64)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| snapshot_from_row(board, &row)).transpose()
     }
 
     async fn attach_task(&self, board: &str, task: &str) -> Result<()> {

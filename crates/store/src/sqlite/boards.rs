@@ -11,8 +11,8 @@ use super::ops::Write;
 use super::ops_boards::{Attach, BoardWriteOp, DeleteBoard, NewBoardWrite, StepWithBoard};
 use super::ops_steps::Step;
 use crate::board_rows::{
-    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, summary_from_row,
-    write_from_row,
+    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, snapshot_from_row,
+    summary_from_row, write_from_row,
 };
 use crate::boards::*;
 use crate::model::StepCommit;
@@ -31,6 +31,7 @@ impl SqliteStore {
             expected_version,
             row: WriteRow::new(write),
             state: to_json(&write.new_state),
+            snapshot: (expected_version + 1).is_multiple_of(self.snapshot_every),
             now: now_millis(),
         }
     }
@@ -171,6 +172,22 @@ impl Boards for SqliteStore {
                 .await?;
         let text = text.ok_or_else(|| StoreError::NoSuchBoard(board.to_owned()))?;
         decode(&format!("initial state of board {board}"), &text)
+    }
+
+    async fn board_snapshot_at_or_before(
+        &self,
+        board: &str,
+        version: u64,
+    ) -> Result<Option<(u64, Value)>> {
+        self.board_exists(board).await?;
+        let row = sqlx::query(
+            "SELECT version, state FROM board_snapshots WHERE board_id = ? AND version <= ? ORDER BY version DESC LIMIT 1",
+        )
+        .bind(board)
+        .bind(version.min(i64::MAX as u64) as i64)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| snapshot_from_row(board, &row)).transpose()
     }
 
     async fn attach_task(&self, board: &str, task: &str) -> Result<()> {

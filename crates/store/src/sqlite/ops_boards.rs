@@ -55,13 +55,16 @@ impl NewBoardWrite {
     }
 }
 
-/// A board write on top of `expected_version`: the board's new state and version and its
-/// journal row, or `BoardMoved` when the board is elsewhere.
+/// A board write on top of `expected_version`: the board's new state and version, its
+/// journal row and, when the new version is a multiple of the snapshot interval, its snapshot;
+/// or `BoardMoved` when the board is elsewhere.
 pub(super) struct BoardWriteOp {
     pub(super) board: String,
     pub(super) expected_version: u64,
     pub(super) row: WriteRow,
     pub(super) state: String,
+    /// Whether the new state is written to `board_snapshots` too.
+    pub(super) snapshot: bool,
     pub(super) now: i64,
 }
 
@@ -108,6 +111,12 @@ impl BoardWriteOp {
             self.row.rebased_from.map(|v| v as i64),
             self.now
         ])?;
+        if self.snapshot {
+            conn.prepare_cached(
+                "INSERT INTO board_snapshots (board_id, version, state) VALUES (?, ?, ?)",
+            )?
+            .execute(params![self.board, next as i64, self.state])?;
+        }
         Ok(())
     }
 }
@@ -196,7 +205,7 @@ impl Attach {
     }
 }
 
-/// Deletes a board; its journal and memberships go with it (ON DELETE CASCADE).
+/// Deletes a board; its journal, snapshots and memberships go with it (ON DELETE CASCADE).
 pub(super) struct DeleteBoard {
     pub(super) board: String,
 }

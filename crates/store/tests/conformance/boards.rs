@@ -613,3 +613,160 @@ async fn racing_writers_lose_no_update_and_the_board_replays() -> anyhow::Result
     })
     .await
 }
+
+/// Writes of the snapshot scenario, and its snapshot interval.
+const SNAPSHOT_WRITES: u64 = 300;
+const SNAPSHOT_EVERY: u64 = 16;
+
+/// The patch of write `n` of the snapshot scenario: merge patches and JSON Patches, some
+/// growing an array, some replacing and removing members.
+fn nth_patch(n: u64) -> Value {
+    match n % 4 {
+        0 => json!([{"op": "add", "path": "/log/-", "value": n}]),
+        1 => json!({"counters": {format!("k{}", n % 7): n}}),
+        2 => json!({"note": format!("write {n}"), "gone": null}),
+        _ => json!([{"op": "add", "path": "/gone", "value": {"at": n}}]),
+    }
+}
+
+/// Reads `board` at every version of `expected` and compares with it.
+async fn check_every_version(
+    store: &dyn Store,
+    board: &str,
+    expected: &[Value],
+) -> anyhow::Result<()> {
+    for (version, state) in expected.iter().enumerate() {
+        let rebuilt = board_state_at(store, board, version as u64)
+            .await
+            .with_context(|| format!("version {version}"))?;
+        ensure!(&rebuilt == state, "version {version}: {rebuilt} != {state}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open_with(SNAPSHOT_EVERY).await?;
+        let initial = json!({"log": [], "counters": {}});
+        let board = store
+            .create_board(new_board("snapshots", None, initial.clone()))
+            .await?;
+        let task = store.create_task(new_task(), &json!({})).await?;
+        store.attach_task(&board.id, &task.id).await?;
+        // The states replayed from zero, by the test itself.
+        let mut expected = vec![initial];
+        let (mut task_version, mut task_state) = (0, json!({}));
+        for n in 1..=SNAPSHOT_WRITES {
+            let write = board_write(&expected[n as usize - 1], nth_patch(n), BoardAuthor::Cli);
+            // Every fifth write comes with a task's step (the other path to a board write).
+            if n % 5 == 0 {
+                let commit = step_commit(task_version + 1, &task_state, json!({"n": n}), false);
+                store
+                    .commit_step_with_board(&task.id, task_version, &commit, &board.id, n - 1, &write)
+                    .await?;
+                (task_version, task_state) = (task_version + 1, commit.new_state);
+            } else {
+                store.commit_board_write(&board.id, n - 1, &write).await?;
+            }
+            expected.push(write.new_state);
+        }
+        check_every_version(store.as_ref(), &board.id, &expected).await?;
+
+        // Snapshots exactly at the multiples of the interval, each holding its version's state.
+        let snapshots = |filter: &str| {
+            format!(
+                "SELECT COUNT(*) FROM board_snapshots WHERE board_id = '{}'{filter}",
+                board.id
+            )
+        };
+        let count = (SNAPSHOT_WRITES / SNAPSHOT_EVERY) as i64;
+        assert_eq!(db.count(&snapshots("")).await?, count);
+        let off = format!(" AND version % {SNAPSHOT_EVERY} <> 0");
+        assert_eq!(db.count(&snapshots(&off)).await?, 0);
+        for version in 0..=SNAPSHOT_WRITES {
+            let nearest = version / SNAPSHOT_EVERY * SNAPSHOT_EVERY;
+            let found = store.board_snapshot_at_or_before(&board.id, version).await?;
+            let want = (nearest > 0).then(|| (nearest, expected[nearest as usize].clone()));
+            assert_eq!(found, want, "snapshot at or before {version}");
+        }
+        assert!(matches!(
+            store.board_snapshot_at_or_before("no-such-board", 9).await,
+            Err(StoreError::NoSuchBoard(_))
+        ));
+
+        // Only the writes after the snapshot are replayed: with write 5's patch broken, version 5
+        // is reported, and version 40 (snapshot 32 plus 8 writes) never reads it.
+        let fifth = store.board_writes(&board.id, 5, 5).await?.remove(0);
+        db.execute(&format!(
+            "UPDATE board_writes SET patch = '{{\"note\": \"forged\"}}' WHERE board_id = '{}' AND version = 5",
+            board.id
+        ))
+        .await?;
+        match board_state_at(store.as_ref(), &board.id, 5).await {
+            Err(StoreError::BoardCorrupt { version: 5, .. }) => {}
+            other => bail!("version 5 with its patch forged: {other:?}"),
+        }
+        assert_eq!(board_state_at(store.as_ref(), &board.id, 40).await?, expected[40]);
+        db.execute(&format!(
+            "UPDATE board_writes SET patch = '{}' WHERE board_id = '{}' AND version = 5",
+            fifth.patch.to_string().replace('\'', "''"),
+            board.id
+        ))
+        .await?;
+
+        // A snapshot changed behind the store's back is found, naming its version, by every read
+        // that starts from it; the versions before it and from the next snapshot on are fine.
+        db.execute(&format!(
+            "UPDATE board_snapshots SET state = '{{\"log\": [], \"counters\": {{}}}}' WHERE board_id = '{}' AND version = 160",
+            board.id
+        ))
+        .await?;
+        for version in [160, 161, 175] {
+            match board_state_at(store.as_ref(), &board.id, version).await {
+                Err(error @ StoreError::BoardCorrupt { version: 160, .. }) => {
+                    let text = error.to_string();
+                    assert!(text.contains(&board.id) && text.contains("snapshot"), "{text}");
+                }
+                other => bail!("version {version} over a forged snapshot: {other:?}"),
+            }
+        }
+        for version in [159, 176, SNAPSHOT_WRITES] {
+            assert_eq!(
+                board_state_at(store.as_ref(), &board.id, version).await?,
+                expected[version as usize]
+            );
+        }
+
+        // A board without snapshot rows (written before they existed) rebuilds from its initial
+        // state, and its next multiple of the interval is snapshotted again.
+        let deleted = db
+            .execute(&format!("DELETE FROM board_snapshots WHERE board_id = '{}'", board.id))
+            .await?;
+        assert_eq!(deleted, count as u64);
+        assert_eq!(store.board_snapshot_at_or_before(&board.id, SNAPSHOT_WRITES).await?, None);
+        check_every_version(store.as_ref(), &board.id, &expected).await?;
+        let next = SNAPSHOT_WRITES.next_multiple_of(SNAPSHOT_EVERY);
+        for n in SNAPSHOT_WRITES + 1..=next {
+            let write = board_write(&expected[n as usize - 1], nth_patch(n), BoardAuthor::Cli);
+            store.commit_board_write(&board.id, n - 1, &write).await?;
+            expected.push(write.new_state);
+        }
+        assert_eq!(
+            store.board_snapshot_at_or_before(&board.id, next).await?,
+            Some((next, expected[next as usize].clone()))
+        );
+        assert_eq!(db.count(&snapshots("")).await?, 1);
+        check_every_version(store.as_ref(), &board.id, &expected).await?;
+
+        // Deleting the board deletes its snapshots.
+        store.delete_board(&board.id).await?;
+        assert_eq!(db.count(&snapshots("")).await?, 0);
+        assert!(matches!(
+            store.board_snapshot_at_or_before(&board.id, next).await,
+            Err(StoreError::NoSuchBoard(_))
+        ));
+        Ok(())
+    })
+    .await
+}
