@@ -176,7 +176,8 @@ pub async fn run_board_bench(
         .await
         .map_err(|e| err(&e))?;
     let rebased = writes.iter().filter(|w| w.rebased_from.is_some()).count() as u64;
-    let replayed = skillstate_store::board_state_at(store.as_ref(), &board.id, now.version).await;
+    let replayed =
+        skillstate_store::board_state_replayed(store.as_ref(), &board.id, now.version).await;
     let replay_ok = replayed.as_ref().is_ok_and(|state| *state == now.state);
 
     let mut conflicts = 0;

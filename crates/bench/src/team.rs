@@ -239,7 +239,7 @@ pub async fn run_team_bench(
             released += 1;
         }
         let replayed =
-            skillstate_store::board_state_at(store.as_ref(), &board.id, now.version).await;
+            skillstate_store::board_state_replayed(store.as_ref(), &board.id, now.version).await;
         replay_ok &= replayed.as_ref().is_ok_and(|state| *state == now.state);
         let writes = store
             .board_writes(&board.id, 1, now.version)

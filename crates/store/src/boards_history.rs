@@ -16,6 +16,22 @@ use crate::{Result, Store, StoreError};
 /// patch no longer applies, the state it gives hashes otherwise than recorded, or the snapshot
 /// does not hash to the state hash its version's journal row records.
 pub async fn board_state_at(store: &dyn Store, board: &str, version: u64) -> Result<Value> {
+    rebuild(store, board, version, true).await
+}
+
+/// The state of `board` at `version` replayed from the initial state through every write of
+/// its journal, snapshots ignored: a check of the whole journal (every recorded hash), for
+/// benchmarks and audits. Errors as [`board_state_at`]'s.
+pub async fn board_state_replayed(store: &dyn Store, board: &str, version: u64) -> Result<Value> {
+    rebuild(store, board, version, false).await
+}
+
+async fn rebuild(
+    store: &dyn Store,
+    board: &str,
+    version: u64,
+    from_snapshot: bool,
+) -> Result<Value> {
     let current = store.board(board, None).await?;
     if version > current.version {
         return Err(StoreError::NoSuchBoardVersion {
@@ -32,10 +48,13 @@ pub async fn board_state_at(store: &dyn Store, board: &str, version: u64) -> Res
         version: at,
         message,
     };
-    let snapshot = store
-        .board_snapshot_at_or_before(&current.id, version)
-        .await?
-        .filter(|(at, _)| *at > 0);
+    let snapshot = match from_snapshot {
+        true => store
+            .board_snapshot_at_or_before(&current.id, version)
+            .await?
+            .filter(|(at, _)| *at > 0),
+        false => None,
+    };
     let (base, mut state) = match snapshot {
         Some(snapshot) => snapshot,
         // No snapshot yet (or a board written before snapshots existed): from the start.

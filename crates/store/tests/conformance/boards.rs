@@ -708,6 +708,11 @@ async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Res
             other => bail!("version 5 with its patch forged: {other:?}"),
         }
         assert_eq!(board_state_at(store.as_ref(), &board.id, 40).await?, expected[40]);
+        // The whole-journal replay ignores snapshots, so it meets the broken write.
+        match board_state_replayed(store.as_ref(), &board.id, 40).await {
+            Err(StoreError::BoardCorrupt { version: 5, .. }) => {}
+            other => bail!("a replay from version 0 over a forged write 5: {other:?}"),
+        }
         db.execute(&format!(
             "UPDATE board_writes SET patch = '{}' WHERE board_id = '{}' AND version = 5",
             fifth.patch.to_string().replace('\'', "''"),
@@ -737,6 +742,11 @@ async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Res
                 expected[version as usize]
             );
         }
+        // ... while the whole-journal replay never reads the snapshot.
+        assert_eq!(
+            board_state_replayed(store.as_ref(), &board.id, 175).await?,
+            expected[175]
+        );
 
         // A board without snapshot rows (written before they existed) rebuilds from its initial
         // state, and its next multiple of the interval is snapshotted again.

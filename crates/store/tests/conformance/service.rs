@@ -1298,7 +1298,10 @@ async fn a_tenant_sees_the_batches_whose_every_task_is_its_own() -> anyhow::Resu
         assert_eq!(listed("acme", None, 1).await?, [newer.id.as_str()]);
         assert_eq!(listed("acme", Some(&newer.id), 1).await?, [own.id.as_str()]);
         assert!(listed("acme", Some(&own.id), 10).await?.is_empty());
-        assert_eq!(listed("globex", None, 100).await?, [submitted.id.clone()]);
+        assert_eq!(
+            listed("globex", None, 100).await?,
+            std::slice::from_ref(&submitted.id)
+        );
         for task in &submitted_tasks {
             assert_eq!(store.task_tenant(task).await?.as_deref(), Some("globex"));
             assert_eq!(store.task(task).await?.tenant.as_deref(), Some("globex"));
