@@ -2,6 +2,7 @@
 //! until `finish`, the step limit, the end of the environment's episode, or a failure (see
 //! "How a step works" in the README).
 
+mod act;
 mod board;
 mod error;
 mod frame;
@@ -15,7 +16,9 @@ mod rate;
 mod recovery;
 mod select;
 mod state_write;
+mod step;
 mod step_loop;
+mod task_start;
 mod worker;
 
 pub use error::RuntimeError;
@@ -26,9 +29,8 @@ pub use rate::SharedRateLimit;
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
 pub use state_write::{StateWrite, StateWriteError, Written, write_state, write_state_read};
-pub use step_loop::{
-    NoProgress, RunObserver, RunOutcome, Runner, TaskOptions, prepare_task, start_task,
-};
+pub use step_loop::Runner;
+pub use task_start::{NoProgress, RunObserver, RunOutcome, TaskOptions, prepare_task, start_task};
 pub use worker::{
     Backoff, HostedTask, StopLevel, TaskHost, WorkerEvent, WorkerOptions, WorkerStats,
     failure_text, run_worker,

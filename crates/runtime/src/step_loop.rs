@@ -1,159 +1,48 @@
 //! The runner: drives one task through its steps, committing each accepted step atomically.
+//! Here: the `Runner`, its builder methods and entry points (each holding the task's lease),
+//! and the drive loop from step to step until the task stops; one step's answers are in
+//! `step.rs`, committing an accepted answer and running its action in `act.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use skillstate_core::board::{BoardRules, mounted_view, validate_board_step};
-use skillstate_core::json::text_hash;
 use skillstate_core::prompt::Turn;
 use skillstate_core::secrets::Redactor;
-use skillstate_core::validate::Document;
-use skillstate_core::{
-    AcceptedStep, Action, ContextStrategy, RejectedStep, Rejection, RejectionKind, Skill,
-    StepRules, ToolCatalog, ToolSpec, count_tokens, validate_step,
-};
-use skillstate_providers::{ModelProvider, ModelRequest};
-use skillstate_store::{
-    ActionResult, JournalEntry, NewIntent, NewTask, StepCommit, Store, TaskRecord, TaskStatus,
-    Verdict,
-};
-use skillstate_tools::{
-    CallContext, DEFAULT_CALL_LIMIT, Environment, Tool, ToolOutput, call_bounded, failpoint,
-    find_tool,
-};
+use skillstate_providers::ModelProvider;
+use skillstate_store::{ActionResult, Store, TaskRecord, TaskStatus};
+use skillstate_tools::{DEFAULT_CALL_LIMIT, Environment, Tool, find_tool};
 
-use crate::RuntimeError;
-use crate::board::{BoardCommitted, BoardFrame, BoardSeen};
+use crate::board::BoardFrame;
 use crate::frame::{TaskFrame, turns_from};
 use crate::lease::{HeldLease, LeasePolicy};
 use crate::recovery::{Attempts, budget_start, check_continuity};
-use crate::select::select_tools;
-
-/// Hooks for progress reporting; every method has a no-op default.
-pub trait RunObserver: Send + Sync {
-    fn attempt(
-        &mut self,
-        step: u64,
-        attempt: u32,
-        prompt_tokens: usize,
-        result: Result<&AcceptedStep, &RejectedStep>,
-    ) {
-        let _ = (step, attempt, prompt_tokens, result);
-    }
-    fn action_done(&mut self, step: u64, output: &ToolOutput) {
-        let _ = (step, output);
-    }
-}
-
-/// An observer that reports nothing.
-pub struct NoProgress;
-impl RunObserver for NoProgress {}
-
-/// Where a run left its task.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunOutcome {
-    pub task_id: String,
-    pub status: TaskStatus,
-    pub steps: u64,
-    pub outcome: Option<Value>,
-}
-
-/// How a new task is run: which model, and what its prompts keep.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskOptions {
-    pub model: String,
-    pub context: ContextStrategy,
-    /// Token budget for `window` and `summary` (see `PromptInput::context_budget`).
-    pub context_budget: Option<usize>,
-    /// What to record as the task's environment, when it is not the skill's own
-    /// `[environment]` (for example the work directory and MCP servers of a tool box).
-    pub environment: Option<Value>,
-    /// Secret values kept out of the stored opening observation.
-    pub secrets: Redactor,
-}
-
-impl TaskOptions {
-    pub fn new(model: impl Into<String>, context: ContextStrategy) -> Self {
-        Self {
-            model: model.into(),
-            context,
-            context_budget: None,
-            environment: None,
-            secrets: Redactor::default(),
-        }
-    }
-}
-
-/// Creates a task for `skill` in `env`: freezes the skill and the tools it may use, and records
-/// the opening observation.
-pub async fn start_task(
-    store: &dyn Store,
-    skill: &Skill,
-    env: &mut dyn Environment,
-    options: &TaskOptions,
-) -> Result<TaskRecord, RuntimeError> {
-    let task = prepare_task(skill, env, options)?;
-    Ok(store
-        .create_task(task, &skill.definition.initial_state)
-        .await?)
-}
-
-/// What `start_task` stores, without storing it (a batch queues many at once).
-pub fn prepare_task(
-    skill: &Skill,
-    env: &mut dyn Environment,
-    options: &TaskOptions,
-) -> Result<NewTask, RuntimeError> {
-    let tools = select_tools(&env.tools(), &skill.settings().tools)?;
-    let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
-    ToolCatalog::new(specs.clone())?;
-    let opening_observation = options
-        .secrets
-        .redact(&env.opening_observation())
-        .into_owned();
-    let task = NewTask {
-        skill: skill.definition.clone(),
-        tools: specs,
-        context: options.context,
-        context_budget: options.context_budget,
-        model: options.model.clone(),
-        environment: options.environment.clone().or_else(|| {
-            skill
-                .settings()
-                .environment
-                .as_ref()
-                .and_then(|e| serde_json::to_value(e).ok())
-        }),
-        env_checkpoint: Some(env.checkpoint()),
-        opening_observation,
-    };
-    Ok(task)
-}
+use crate::step::{StepBudget, StepEnd};
+use crate::{RunObserver, RunOutcome, RuntimeError};
 
 /// Drives tasks with one model and one environment. Every entry point (`run`, `retry`,
 /// `approve`, `reject`, `reply`) holds the task's execution lease while it works, so only one
 /// runner drives a task at a time.
 pub struct Runner<'a> {
     pub(crate) store: Arc<dyn Store>,
-    model: Arc<dyn ModelProvider>,
+    pub(crate) model: Arc<dyn ModelProvider>,
     pub(crate) env: &'a mut dyn Environment,
-    observer: &'a mut dyn RunObserver,
+    pub(crate) observer: &'a mut dyn RunObserver,
     lease_policy: LeasePolicy,
     lease: Option<HeldLease>,
     /// Secret values (the model's key, the operator's secrets) replaced in every answer,
     /// result and outcome before it is validated, stored or shown.
-    secrets: Redactor,
+    pub(crate) secrets: Redactor,
     /// The longest any tool call may take (a tool's own, longer limit wins).
-    tool_limit: Duration,
+    pub(crate) tool_limit: Duration,
     /// Set by a draining worker: stop at the next step boundary, the task left running.
     stop: Option<Arc<AtomicBool>>,
     /// The observation the last recorded action result opened `(task, step, text)`, as stored.
-    next_observation: Option<(String, u64, String)>,
+    pub(crate) next_observation: Option<(String, u64, String)>,
     /// A read-only or idempotent tool's result not written yet: it goes into the next step's
     /// commit, or is written on its own when the run stops first.
-    held_result: Option<(String, ActionResult)>,
+    pub(crate) held_result: Option<(String, ActionResult)>,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -163,20 +52,6 @@ enum Entry<'s> {
     Approve,
     Reject(&'s str),
     Reply(&'s str),
-}
-
-/// The retry budget of one step.
-struct StepBudget {
-    /// The first attempt whose answer counts against the budget.
-    first_counted: u32,
-    /// The answers the step had before this run reached it.
-    earlier: Attempts,
-}
-
-enum StepEnd {
-    Continue,
-    /// The task completed, failed or paused.
-    Stop,
 }
 
 impl<'a> Runner<'a> {
@@ -466,7 +341,7 @@ impl<'a> Runner<'a> {
         }
     }
 
-    async fn finish(
+    pub(crate) async fn finish(
         &mut self,
         task: &str,
         status: TaskStatus,
@@ -477,427 +352,6 @@ impl<'a> Runner<'a> {
         self.store.set_status(task, status, Some(&outcome)).await?;
         Ok(())
     }
-
-    /// One step: ask the model until an answer is accepted or retries run out, commit it, act.
-    /// Answers from attempt `budget.first_counted` on count against the retry budget (1 unless
-    /// a `retry` restarted it); `budget.earlier` are the answers the step already had.
-    async fn step(
-        &mut self,
-        task: &str,
-        frame: &TaskFrame,
-        (state, version): (&mut Value, &mut u64),
-        budget: StepBudget,
-        env_tools: &[Arc<dyn Tool>],
-        turns: &mut Vec<Turn>,
-    ) -> Result<StepEnd, RuntimeError> {
-        let step = *version + 1;
-        // The observation this runner just recorded is the stored one; only the first step of
-        // a run reads it back.
-        let observation = match self.next_observation.take() {
-            Some((of, at, text)) if of == task && at == step => text,
-            _ => self.store.observation(task, step).await?.ok_or_else(|| {
-                RuntimeError::StoredTask {
-                    task: task.to_owned(),
-                    message: format!("no observation recorded for step {step}"),
-                }
-            })?,
-        };
-        let settings = frame.skill.settings();
-        let rules = StepRules {
-            schema: &frame.skill.schema,
-            catalog: &frame.catalog,
-            state_token_budget: settings.budgets.state_tokens,
-        };
-        let StepBudget {
-            first_counted,
-            earlier,
-        } = budget;
-        let first_attempt = earlier.made.saturating_add(1);
-        let max_attempts = settings.run.max_retries.saturating_add(1);
-        // Answers refused for meeting others' board writes before this run reached the step
-        // (a crash in the middle of it) are free as they were then.
-        let mut conflicts = earlier.board_conflicts_from(first_counted);
-        let mut last_attempt = first_counted
-            .saturating_sub(1)
-            .saturating_add(max_attempts)
-            .saturating_add(conflicts.min(MAX_CONFLICTS_PER_STEP));
-        let mut retry: Vec<Rejection> = earlier.last_errors;
-        let mut attempt = first_attempt;
-        while attempt <= last_attempt {
-            self.check_lease()?;
-            // A board member's prompt shows the newest board through its reads, at `/board`.
-            let seen = match &frame.board {
-                Some(board) => Some(board.read(self.store.as_ref()).await?),
-                None => None,
-            };
-            let shown = match (&frame.board, &seen) {
-                (Some(board), Some(seen)) => {
-                    std::borrow::Cow::Owned(mounted_view(state, &seen.state, &board.scope))
-                }
-                _ => std::borrow::Cow::Borrowed(&*state),
-            };
-            let prompt = frame.prompt(&shown, &observation, &retry, turns);
-            let text = prompt.text();
-            let prompt_tokens = count_tokens(&text);
-            let started = Instant::now();
-            failpoint("before_model");
-            let response = match self
-                .model
-                .complete(&ModelRequest {
-                    prompt,
-                    prompt_tokens,
-                    output_schema: Some(frame.output_schema.clone()),
-                })
-                .await
-            {
-                Ok(response) => response,
-                Err(error) => {
-                    crate::metrics::model_failed();
-                    self.finish(
-                        task,
-                        TaskStatus::Failed,
-                        json!({"reason": "provider", "message": error.to_string(), "step": step}),
-                    )
-                    .await?;
-                    return Ok(StepEnd::Stop);
-                }
-            };
-            let latency = started.elapsed();
-            let latency_ms = latency.as_millis() as u64;
-            crate::metrics::model_answered(latency, prompt_tokens, response.usage.as_ref());
-            failpoint("after_model");
-            // The answer is untrusted text: secrets it echoes are gone before anything reads it.
-            let answer_text = self.secrets.redact(&response.text).into_owned();
-            let mut verdict = match (&frame.board, &seen) {
-                (Some(board), Some(seen)) => validate_board_step(
-                    &rules,
-                    &BoardRules {
-                        schema: &board.schema,
-                        scope: &board.scope,
-                    },
-                    state,
-                    &seen.state,
-                    &answer_text,
-                ),
-                _ => validate_step(&rules, state, &answer_text),
-            };
-            if let (true, Err(rejected)) = (response.truncated, &mut verdict) {
-                rejected.rejections.insert(0, truncation_rejection());
-            }
-
-            self.observer
-                .attempt(step, attempt, prompt_tokens, verdict.as_ref());
-            crate::metrics::answer(verdict.as_ref());
-            let output_tokens = Some(count_tokens(&answer_text) as u64);
-            let mut entry = JournalEntry {
-                step,
-                attempt,
-                verdict: Verdict::Rejected,
-                output: answer_text,
-                patch: None,
-                action: None,
-                errors: None,
-                state_hash: None,
-                prompt_tokens: prompt_tokens as u64,
-                output_tokens,
-                prompt_hash: text_hash(&text),
-                usage: response.usage.and_then(|u| serde_json::to_value(u).ok()),
-                latency_ms,
-                created_at: now_millis(),
-                author: None,
-                board_version: seen.as_ref().map(|s| s.version),
-            };
-            match verdict {
-                Err(rejected) => {
-                    entry.errors = serde_json::to_value(&rejected.rejections).ok();
-                    self.store.record_rejection(task, &entry).await?;
-                    retry = rejected.rejections;
-                    attempt += 1;
-                }
-                Ok(accepted) => {
-                    let answer = entry.output.clone();
-                    let action = accepted.action.summary();
-                    let needs_approval = match &accepted.action {
-                        Action::Tool { name, .. } => {
-                            frame.catalog.get(name).is_some_and(|t| t.needs_approval)
-                        }
-                        _ => false,
-                    };
-                    let refusable = frame.board.is_some().then(|| entry.clone());
-                    let board = frame.board.as_ref().zip(seen.as_ref());
-                    let acted = self
-                        .commit_and_act(
-                            task,
-                            step,
-                            entry,
-                            accepted,
-                            (state, version),
-                            board,
-                            env_tools,
-                            needs_approval,
-                        )
-                        .await?;
-                    let (end, result) = match (acted, refusable) {
-                        (Acted::Done(end, result), _) => (end, result),
-                        (Acted::Refused(rejections), Some(mut entry)) => {
-                            // Others' writes met this answer: not the model's mistake, so
-                            // it does not spend the retry budget (up to a bound).
-                            entry.errors = serde_json::to_value(&rejections).ok();
-                            self.store.record_rejection(task, &entry).await?;
-                            retry = rejections;
-                            conflicts += 1;
-                            if conflicts <= MAX_CONFLICTS_PER_STEP {
-                                last_attempt = last_attempt.saturating_add(1);
-                            }
-                            attempt += 1;
-                            continue;
-                        }
-                        (Acted::Refused(_), None) => unreachable_refusal(task)?,
-                    };
-                    if frame.context.uses_turns() {
-                        turns.push(Turn {
-                            step,
-                            observation,
-                            answer,
-                            action,
-                            result,
-                        });
-                    }
-                    return Ok(end);
-                }
-            }
-        }
-        let summary: Vec<String> = retry.iter().map(ToString::to_string).collect();
-        self.finish(
-            task,
-            TaskStatus::Failed,
-            json!({
-                "reason": "rejected",
-                "message": format!("step {step}: every one of {max_attempts} answers was rejected; last errors: {}", summary.join("; ")),
-                "step": step,
-                "errors": retry,
-            }),
-        )
-        .await?;
-        Ok(StepEnd::Stop)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn commit_and_act(
-        &mut self,
-        task: &str,
-        step: u64,
-        mut entry: JournalEntry,
-        accepted: AcceptedStep,
-        (state, version): (&mut Value, &mut u64),
-        board: Option<(&BoardFrame, &BoardSeen)>,
-        env_tools: &[Arc<dyn Tool>],
-        needs_approval: bool,
-    ) -> Result<Acted, RuntimeError> {
-        entry.verdict = Verdict::Accepted;
-        entry.patch = Some(accepted.patch.to_value());
-        entry.action = Some(accepted.action.to_call_json());
-        entry.state_hash = Some(accepted.state_hash.clone());
-        let (intent, status) = match &accepted.action {
-            Action::Tool { name, args } => {
-                let side_effect = find_tool(env_tools, name)
-                    .map(|t| t.spec().side_effect.as_str())
-                    .unwrap_or("effectful");
-                let pause = needs_approval.then(|| {
-                    (
-                        TaskStatus::AwaitingApproval,
-                        Some(
-                            json!({"reason": "approval", "tool": name, "args": args, "step": step}),
-                        ),
-                    )
-                });
-                (
-                    Some(NewIntent {
-                        tool: name.clone(),
-                        args: args.clone(),
-                        idempotency_key: CallContext::new(task, step).idempotency_key,
-                        side_effect: side_effect.to_owned(),
-                    }),
-                    pause,
-                )
-            }
-            Action::Finish { result } => (
-                None,
-                Some((
-                    TaskStatus::Completed,
-                    Some(json!({"reason": "finish", "result": result})),
-                )),
-            ),
-            // The question is an intent too: `reply` records the answer as its result, so a
-            // pause survives restarts like any other action in flight.
-            Action::AskUser { question } => (
-                Some(NewIntent {
-                    tool: skillstate_core::tool::ASK_USER.to_owned(),
-                    args: json!({"question": question}),
-                    idempotency_key: CallContext::new(task, step).idempotency_key,
-                    side_effect: "read_only".to_owned(),
-                }),
-                Some((
-                    TaskStatus::AwaitingInput,
-                    Some(json!({"reason": "ask_user", "question": question})),
-                )),
-            ),
-        };
-        let commit = StepCommit {
-            entry,
-            new_state: accepted.new_state.clone(),
-            intent,
-            status: status.clone(),
-            previous_result: self
-                .held_result
-                .take()
-                .filter(|(of, _)| of == task)
-                .map(|(_, result)| result),
-            next_observation: None,
-        };
-        self.check_lease()?;
-        match (board, &accepted.board) {
-            (Some((board, seen)), Some(change)) => {
-                let committed = board
-                    .commit(self.store.as_ref(), task, *version, &commit, seen, change)
-                    .await?;
-                if let BoardCommitted::Refused(rejections) = committed {
-                    // Nothing was written: a result held back for this commit waits for the
-                    // next one.
-                    if let Some(result) = commit.previous_result {
-                        self.held_result = Some((task.to_owned(), result));
-                    }
-                    return Ok(Acted::Refused(rejections));
-                }
-            }
-            _ => self.store.commit_step(task, *version, &commit).await?,
-        }
-        crate::metrics::step_committed();
-        failpoint("after_commit");
-        *state = accepted.new_state;
-        *version = step;
-        if status.is_some() {
-            return Ok(Acted::Done(StepEnd::Stop, None));
-        }
-        let mut result = None;
-        if let Action::Tool { name, args } = &accepted.action {
-            self.check_lease()?;
-            let output = self.execute(task, step, name, args, env_tools).await;
-            failpoint("after_tool");
-            result = Some(output.text.clone());
-            // Running a read-only or idempotent tool again is harmless, so its result may wait
-            // for the next commit; anything else is durable before the next model call.
-            let repeatable = find_tool(env_tools, name).is_some_and(|t| {
-                matches!(t.spec().side_effect.as_str(), "read_only" | "idempotent")
-            });
-            let action_result = self.action_result(task, step, output);
-            if repeatable {
-                self.held_result = Some((task.to_owned(), action_result));
-            } else {
-                self.store
-                    .record_action_result(task, &action_result)
-                    .await?;
-            }
-        }
-        Ok(Acted::Done(StepEnd::Continue, result))
-    }
-
-    pub(crate) async fn execute(
-        &mut self,
-        task: &str,
-        step: u64,
-        name: &str,
-        args: &Value,
-        env_tools: &[Arc<dyn Tool>],
-    ) -> ToolOutput {
-        let Some(tool) = find_tool(env_tools, name) else {
-            crate::metrics::tool_called(name, false);
-            return ToolOutput::failure(format!("Error: tool {name} is not available."));
-        };
-        // Every call is bounded: a tool stuck on a pipe, a device or a hung server becomes an
-        // error observation instead of a step that never ends.
-        let output = match call_bounded(
-            tool.as_ref(),
-            args,
-            &CallContext::new(task, step),
-            self.tool_limit,
-        )
-        .await
-        {
-            Ok(output) => output,
-            Err(error) => ToolOutput::failure(format!("Error: {error}")),
-        };
-        crate::metrics::tool_called(name, output.ok);
-        output
-    }
-
-    /// Records a finished action's result now.
-    pub(crate) async fn record_result(
-        &mut self,
-        task: &str,
-        step: u64,
-        output: ToolOutput,
-    ) -> Result<(), RuntimeError> {
-        self.record_delivering(task, step, output, Vec::new()).await
-    }
-
-    /// [`Self::record_result`], also marking the inbox entries `delivered` (the decision the
-    /// result carries out, the messages its observation shows) in the same transaction.
-    pub(crate) async fn record_delivering(
-        &mut self,
-        task: &str,
-        step: u64,
-        output: ToolOutput,
-        delivered: Vec<i64>,
-    ) -> Result<(), RuntimeError> {
-        let mut result = self.action_result(task, step, output);
-        result.delivered = delivered;
-        self.store.record_action_result(task, &result).await?;
-        Ok(())
-    }
-
-    /// A finished action's result, redacted, with the observation the next step starts from
-    /// (which this runner also keeps for that step).
-    fn action_result(&mut self, task: &str, step: u64, output: ToolOutput) -> ActionResult {
-        let output = ToolOutput {
-            text: self.secrets.redact(&output.text).into_owned(),
-            ok: output.ok,
-        };
-        self.observer.action_done(step, &output);
-        let next_observation = match self.env.after_action() {
-            Some(event) => format!("{}\n{}", output.text, self.secrets.redact(&event)),
-            None => output.text.clone(),
-        };
-        self.next_observation = Some((task.to_owned(), step + 1, next_observation.clone()));
-        ActionResult {
-            step,
-            ok: output.ok,
-            result: output.text,
-            next_observation,
-            env_checkpoint: Some(self.env.checkpoint()),
-            delivered: Vec::new(),
-        }
-    }
-}
-
-/// How many of one step's answers may be refused for meeting others' board writes without
-/// spending its retry budget.
-const MAX_CONFLICTS_PER_STEP: u32 = 32;
-
-/// How an accepted answer ended.
-enum Acted {
-    /// Committed (and its action run, unless it paused or ended the task).
-    Done(StepEnd, Option<String>),
-    /// Its board part met others' writes: nothing was committed.
-    Refused(Vec<Rejection>),
-}
-
-/// Only a board member's commit is refused; anything else is a defect, reported, not a panic.
-fn unreachable_refusal<T>(task: &str) -> Result<T, RuntimeError> {
-    Err(RuntimeError::StoredTask {
-        task: task.to_owned(),
-        message: "a commit without a board part was refused as a board conflict".into(),
-    })
 }
 
 pub(crate) fn now_millis() -> i64 {
@@ -905,16 +359,4 @@ pub(crate) fn now_millis() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-/// Fed back when the provider cut the answer off at its token limit.
-fn truncation_rejection() -> Rejection {
-    Rejection {
-        kind: RejectionKind::Parse,
-        document: Document::Output,
-        pointer: String::new(),
-        message:
-            "the answer was cut off at the token limit before it was complete; answer more briefly"
-                .into(),
-    }
 }

@@ -1,0 +1,230 @@
+//! Acting on an accepted answer: its step committed (with its board part, when the task is on a
+//! board), then its action run and the action's result recorded, or held back for the next
+//! commit when running the tool again would be harmless.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use skillstate_core::{AcceptedStep, Action, Rejection};
+use skillstate_store::{ActionResult, JournalEntry, NewIntent, StepCommit, TaskStatus, Verdict};
+use skillstate_tools::{CallContext, Tool, ToolOutput, call_bounded, failpoint, find_tool};
+
+use crate::RuntimeError;
+use crate::board::{BoardCommitted, BoardFrame, BoardSeen};
+use crate::step::StepEnd;
+use crate::step_loop::Runner;
+
+impl Runner<'_> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn commit_and_act(
+        &mut self,
+        task: &str,
+        step: u64,
+        mut entry: JournalEntry,
+        accepted: AcceptedStep,
+        (state, version): (&mut Value, &mut u64),
+        board: Option<(&BoardFrame, &BoardSeen)>,
+        env_tools: &[Arc<dyn Tool>],
+        needs_approval: bool,
+    ) -> Result<Acted, RuntimeError> {
+        entry.verdict = Verdict::Accepted;
+        entry.patch = Some(accepted.patch.to_value());
+        entry.action = Some(accepted.action.to_call_json());
+        entry.state_hash = Some(accepted.state_hash.clone());
+        let (intent, status) = match &accepted.action {
+            Action::Tool { name, args } => {
+                let side_effect = find_tool(env_tools, name)
+                    .map(|t| t.spec().side_effect.as_str())
+                    .unwrap_or("effectful");
+                let pause = needs_approval.then(|| {
+                    (
+                        TaskStatus::AwaitingApproval,
+                        Some(
+                            json!({"reason": "approval", "tool": name, "args": args, "step": step}),
+                        ),
+                    )
+                });
+                (
+                    Some(NewIntent {
+                        tool: name.clone(),
+                        args: args.clone(),
+                        idempotency_key: CallContext::new(task, step).idempotency_key,
+                        side_effect: side_effect.to_owned(),
+                    }),
+                    pause,
+                )
+            }
+            Action::Finish { result } => (
+                None,
+                Some((
+                    TaskStatus::Completed,
+                    Some(json!({"reason": "finish", "result": result})),
+                )),
+            ),
+            // The question is an intent too: `reply` records the answer as its result, so a
+            // pause survives restarts like any other action in flight.
+            Action::AskUser { question } => (
+                Some(NewIntent {
+                    tool: skillstate_core::tool::ASK_USER.to_owned(),
+                    args: json!({"question": question}),
+                    idempotency_key: CallContext::new(task, step).idempotency_key,
+                    side_effect: "read_only".to_owned(),
+                }),
+                Some((
+                    TaskStatus::AwaitingInput,
+                    Some(json!({"reason": "ask_user", "question": question})),
+                )),
+            ),
+        };
+        let commit = StepCommit {
+            entry,
+            new_state: accepted.new_state.clone(),
+            intent,
+            status: status.clone(),
+            previous_result: self
+                .held_result
+                .take()
+                .filter(|(of, _)| of == task)
+                .map(|(_, result)| result),
+            next_observation: None,
+        };
+        self.check_lease()?;
+        match (board, &accepted.board) {
+            (Some((board, seen)), Some(change)) => {
+                let committed = board
+                    .commit(self.store.as_ref(), task, *version, &commit, seen, change)
+                    .await?;
+                if let BoardCommitted::Refused(rejections) = committed {
+                    // Nothing was written: a result held back for this commit waits for the
+                    // next one.
+                    if let Some(result) = commit.previous_result {
+                        self.held_result = Some((task.to_owned(), result));
+                    }
+                    return Ok(Acted::Refused(rejections));
+                }
+            }
+            _ => self.store.commit_step(task, *version, &commit).await?,
+        }
+        crate::metrics::step_committed();
+        failpoint("after_commit");
+        *state = accepted.new_state;
+        *version = step;
+        if status.is_some() {
+            return Ok(Acted::Done(StepEnd::Stop, None));
+        }
+        let mut result = None;
+        if let Action::Tool { name, args } = &accepted.action {
+            self.check_lease()?;
+            let output = self.execute(task, step, name, args, env_tools).await;
+            failpoint("after_tool");
+            result = Some(output.text.clone());
+            // Running a read-only or idempotent tool again is harmless, so its result may wait
+            // for the next commit; anything else is durable before the next model call.
+            let repeatable = find_tool(env_tools, name).is_some_and(|t| {
+                matches!(t.spec().side_effect.as_str(), "read_only" | "idempotent")
+            });
+            let action_result = self.action_result(task, step, output);
+            if repeatable {
+                self.held_result = Some((task.to_owned(), action_result));
+            } else {
+                self.store
+                    .record_action_result(task, &action_result)
+                    .await?;
+            }
+        }
+        Ok(Acted::Done(StepEnd::Continue, result))
+    }
+
+    pub(crate) async fn execute(
+        &mut self,
+        task: &str,
+        step: u64,
+        name: &str,
+        args: &Value,
+        env_tools: &[Arc<dyn Tool>],
+    ) -> ToolOutput {
+        let Some(tool) = find_tool(env_tools, name) else {
+            crate::metrics::tool_called(name, false);
+            return ToolOutput::failure(format!("Error: tool {name} is not available."));
+        };
+        // Every call is bounded: a tool stuck on a pipe, a device or a hung server becomes an
+        // error observation instead of a step that never ends.
+        let output = match call_bounded(
+            tool.as_ref(),
+            args,
+            &CallContext::new(task, step),
+            self.tool_limit,
+        )
+        .await
+        {
+            Ok(output) => output,
+            Err(error) => ToolOutput::failure(format!("Error: {error}")),
+        };
+        crate::metrics::tool_called(name, output.ok);
+        output
+    }
+
+    /// Records a finished action's result now.
+    pub(crate) async fn record_result(
+        &mut self,
+        task: &str,
+        step: u64,
+        output: ToolOutput,
+    ) -> Result<(), RuntimeError> {
+        self.record_delivering(task, step, output, Vec::new()).await
+    }
+
+    /// [`Self::record_result`], also marking the inbox entries `delivered` (the decision the
+    /// result carries out, the messages its observation shows) in the same transaction.
+    pub(crate) async fn record_delivering(
+        &mut self,
+        task: &str,
+        step: u64,
+        output: ToolOutput,
+        delivered: Vec<i64>,
+    ) -> Result<(), RuntimeError> {
+        let mut result = self.action_result(task, step, output);
+        result.delivered = delivered;
+        self.store.record_action_result(task, &result).await?;
+        Ok(())
+    }
+
+    /// A finished action's result, redacted, with the observation the next step starts from
+    /// (which this runner also keeps for that step).
+    fn action_result(&mut self, task: &str, step: u64, output: ToolOutput) -> ActionResult {
+        let output = ToolOutput {
+            text: self.secrets.redact(&output.text).into_owned(),
+            ok: output.ok,
+        };
+        self.observer.action_done(step, &output);
+        let next_observation = match self.env.after_action() {
+            Some(event) => format!("{}\n{}", output.text, self.secrets.redact(&event)),
+            None => output.text.clone(),
+        };
+        self.next_observation = Some((task.to_owned(), step + 1, next_observation.clone()));
+        ActionResult {
+            step,
+            ok: output.ok,
+            result: output.text,
+            next_observation,
+            env_checkpoint: Some(self.env.checkpoint()),
+            delivered: Vec::new(),
+        }
+    }
+}
+
+/// How an accepted answer ended.
+pub(crate) enum Acted {
+    /// Committed (and its action run, unless it paused or ended the task).
+    Done(StepEnd, Option<String>),
+    /// Its board part met others' writes: nothing was committed.
+    Refused(Vec<Rejection>),
+}
+
+/// Only a board member's commit is refused; anything else is a defect, reported, not a panic.
+pub(crate) fn unreachable_refusal<T>(task: &str) -> Result<T, RuntimeError> {
+    Err(RuntimeError::StoredTask {
+        task: task.to_owned(),
+        message: "a commit without a board part was refused as a board conflict".into(),
+    })
+}

@@ -1,0 +1,258 @@
+//! One step's answer loop: the model is asked until an answer is accepted or the step's retry
+//! budget (`StepBudget`) runs out; each rejected answer is journaled and fed back, and answers
+//! refused only for meeting others' board writes are free up to `MAX_CONFLICTS_PER_STEP`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use skillstate_core::board::{BoardRules, mounted_view, validate_board_step};
+use skillstate_core::json::text_hash;
+use skillstate_core::prompt::Turn;
+use skillstate_core::validate::Document;
+use skillstate_core::{Action, Rejection, RejectionKind, StepRules, count_tokens, validate_step};
+use skillstate_providers::ModelRequest;
+use skillstate_store::{JournalEntry, TaskStatus, Verdict};
+use skillstate_tools::{Tool, failpoint};
+
+use crate::RuntimeError;
+use crate::act::{Acted, unreachable_refusal};
+use crate::frame::TaskFrame;
+use crate::recovery::Attempts;
+use crate::step_loop::{Runner, now_millis};
+
+/// The retry budget of one step.
+pub(crate) struct StepBudget {
+    /// The first attempt whose answer counts against the budget.
+    pub(crate) first_counted: u32,
+    /// The answers the step had before this run reached it.
+    pub(crate) earlier: Attempts,
+}
+
+pub(crate) enum StepEnd {
+    Continue,
+    /// The task completed, failed or paused.
+    Stop,
+}
+
+impl Runner<'_> {
+    /// One step: ask the model until an answer is accepted or retries run out, commit it, act.
+    /// Answers from attempt `budget.first_counted` on count against the retry budget (1 unless
+    /// a `retry` restarted it); `budget.earlier` are the answers the step already had.
+    pub(crate) async fn step(
+        &mut self,
+        task: &str,
+        frame: &TaskFrame,
+        (state, version): (&mut Value, &mut u64),
+        budget: StepBudget,
+        env_tools: &[Arc<dyn Tool>],
+        turns: &mut Vec<Turn>,
+    ) -> Result<StepEnd, RuntimeError> {
+        let step = *version + 1;
+        // The observation this runner just recorded is the stored one; only the first step of
+        // a run reads it back.
+        let observation = match self.next_observation.take() {
+            Some((of, at, text)) if of == task && at == step => text,
+            _ => self.store.observation(task, step).await?.ok_or_else(|| {
+                RuntimeError::StoredTask {
+                    task: task.to_owned(),
+                    message: format!("no observation recorded for step {step}"),
+                }
+            })?,
+        };
+        let settings = frame.skill.settings();
+        let rules = StepRules {
+            schema: &frame.skill.schema,
+            catalog: &frame.catalog,
+            state_token_budget: settings.budgets.state_tokens,
+        };
+        let StepBudget {
+            first_counted,
+            earlier,
+        } = budget;
+        let first_attempt = earlier.made.saturating_add(1);
+        let max_attempts = settings.run.max_retries.saturating_add(1);
+        // Answers refused for meeting others' board writes before this run reached the step
+        // (a crash in the middle of it) are free as they were then.
+        let mut conflicts = earlier.board_conflicts_from(first_counted);
+        let mut last_attempt = first_counted
+            .saturating_sub(1)
+            .saturating_add(max_attempts)
+            .saturating_add(conflicts.min(MAX_CONFLICTS_PER_STEP));
+        let mut retry: Vec<Rejection> = earlier.last_errors;
+        let mut attempt = first_attempt;
+        while attempt <= last_attempt {
+            self.check_lease()?;
+            // A board member's prompt shows the newest board through its reads, at `/board`.
+            let seen = match &frame.board {
+                Some(board) => Some(board.read(self.store.as_ref()).await?),
+                None => None,
+            };
+            let shown = match (&frame.board, &seen) {
+                (Some(board), Some(seen)) => {
+                    std::borrow::Cow::Owned(mounted_view(state, &seen.state, &board.scope))
+                }
+                _ => std::borrow::Cow::Borrowed(&*state),
+            };
+            let prompt = frame.prompt(&shown, &observation, &retry, turns);
+            let text = prompt.text();
+            let prompt_tokens = count_tokens(&text);
+            let started = Instant::now();
+            failpoint("before_model");
+            let response = match self
+                .model
+                .complete(&ModelRequest {
+                    prompt,
+                    prompt_tokens,
+                    output_schema: Some(frame.output_schema.clone()),
+                })
+                .await
+            {
+                Ok(response) => response,
+                Err(error) => {
+                    crate::metrics::model_failed();
+                    self.finish(
+                        task,
+                        TaskStatus::Failed,
+                        json!({"reason": "provider", "message": error.to_string(), "step": step}),
+                    )
+                    .await?;
+                    return Ok(StepEnd::Stop);
+                }
+            };
+            let latency = started.elapsed();
+            let latency_ms = latency.as_millis() as u64;
+            crate::metrics::model_answered(latency, prompt_tokens, response.usage.as_ref());
+            failpoint("after_model");
+            // The answer is untrusted text: secrets it echoes are gone before anything reads it.
+            let answer_text = self.secrets.redact(&response.text).into_owned();
+            let mut verdict = match (&frame.board, &seen) {
+                (Some(board), Some(seen)) => validate_board_step(
+                    &rules,
+                    &BoardRules {
+                        schema: &board.schema,
+                        scope: &board.scope,
+                    },
+                    state,
+                    &seen.state,
+                    &answer_text,
+                ),
+                _ => validate_step(&rules, state, &answer_text),
+            };
+            if let (true, Err(rejected)) = (response.truncated, &mut verdict) {
+                rejected.rejections.insert(0, truncation_rejection());
+            }
+
+            self.observer
+                .attempt(step, attempt, prompt_tokens, verdict.as_ref());
+            crate::metrics::answer(verdict.as_ref());
+            let output_tokens = Some(count_tokens(&answer_text) as u64);
+            let mut entry = JournalEntry {
+                step,
+                attempt,
+                verdict: Verdict::Rejected,
+                output: answer_text,
+                patch: None,
+                action: None,
+                errors: None,
+                state_hash: None,
+                prompt_tokens: prompt_tokens as u64,
+                output_tokens,
+                prompt_hash: text_hash(&text),
+                usage: response.usage.and_then(|u| serde_json::to_value(u).ok()),
+                latency_ms,
+                created_at: now_millis(),
+                author: None,
+                board_version: seen.as_ref().map(|s| s.version),
+            };
+            match verdict {
+                Err(rejected) => {
+                    entry.errors = serde_json::to_value(&rejected.rejections).ok();
+                    self.store.record_rejection(task, &entry).await?;
+                    retry = rejected.rejections;
+                    attempt += 1;
+                }
+                Ok(accepted) => {
+                    let answer = entry.output.clone();
+                    let action = accepted.action.summary();
+                    let needs_approval = match &accepted.action {
+                        Action::Tool { name, .. } => {
+                            frame.catalog.get(name).is_some_and(|t| t.needs_approval)
+                        }
+                        _ => false,
+                    };
+                    let refusable = frame.board.is_some().then(|| entry.clone());
+                    let board = frame.board.as_ref().zip(seen.as_ref());
+                    let acted = self
+                        .commit_and_act(
+                            task,
+                            step,
+                            entry,
+                            accepted,
+                            (state, version),
+                            board,
+                            env_tools,
+                            needs_approval,
+                        )
+                        .await?;
+                    let (end, result) = match (acted, refusable) {
+                        (Acted::Done(end, result), _) => (end, result),
+                        (Acted::Refused(rejections), Some(mut entry)) => {
+                            // Others' writes met this answer: not the model's mistake, so
+                            // it does not spend the retry budget (up to a bound).
+                            entry.errors = serde_json::to_value(&rejections).ok();
+                            self.store.record_rejection(task, &entry).await?;
+                            retry = rejections;
+                            conflicts += 1;
+                            if conflicts <= MAX_CONFLICTS_PER_STEP {
+                                last_attempt = last_attempt.saturating_add(1);
+                            }
+                            attempt += 1;
+                            continue;
+                        }
+                        (Acted::Refused(_), None) => unreachable_refusal(task)?,
+                    };
+                    if frame.context.uses_turns() {
+                        turns.push(Turn {
+                            step,
+                            observation,
+                            answer,
+                            action,
+                            result,
+                        });
+                    }
+                    return Ok(end);
+                }
+            }
+        }
+        let summary: Vec<String> = retry.iter().map(ToString::to_string).collect();
+        self.finish(
+            task,
+            TaskStatus::Failed,
+            json!({
+                "reason": "rejected",
+                "message": format!("step {step}: every one of {max_attempts} answers was rejected; last errors: {}", summary.join("; ")),
+                "step": step,
+                "errors": retry,
+            }),
+        )
+        .await?;
+        Ok(StepEnd::Stop)
+    }
+}
+
+/// How many of one step's answers may be refused for meeting others' board writes without
+/// spending its retry budget.
+const MAX_CONFLICTS_PER_STEP: u32 = 32;
+
+/// Fed back when the provider cut the answer off at its token limit.
+fn truncation_rejection() -> Rejection {
+    Rejection {
+        kind: RejectionKind::Parse,
+        document: Document::Output,
+        pointer: String::new(),
+        message:
+            "the answer was cut off at the token limit before it was complete; answer more briefly"
+                .into(),
+    }
+}
