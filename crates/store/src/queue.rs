@@ -21,7 +21,8 @@ pub enum OnError {
     /// Record the failure and go on with the other tasks.
     #[default]
     SkipAndLog,
-    /// Stop the batch: workers claim none of its tasks until `batch retry` reopens it.
+    /// Stop the batch: workers claim none of its tasks until `batch reopen` or `batch retry`
+    /// reopens it.
     Stop,
 }
 
@@ -243,8 +244,13 @@ pub trait Queue: Send + Sync {
         settle: &Settle,
         failure: Option<&str>,
     ) -> Result<()>;
-    /// Stops a batch: its queued tasks are claimed no more (running ones finish their step).
+    /// Stops a batch (full id): its queued tasks are claimed no more (running ones go on).
+    /// Stopping a stopped batch keeps its first reason. `NoSuchBatch` for an unknown id.
     async fn stop_batch(&self, batch: &str, reason: &str) -> Result<()>;
+    /// Reopens a batch (full id): open again, its stop reason cleared, its queued tasks
+    /// claimable; no task is requeued (`requeue_failed` does that). An open batch stays open.
+    /// Returns the batch as it now stands; `NoSuchBatch` for an unknown id.
+    async fn reopen_batch(&self, batch: &str) -> Result<BatchRecord>;
     /// Queues again every task of `batch` that failed (status `failed`), claimable now, and
     /// reopens the batch. Returns how many were queued.
     async fn requeue_failed(&self, batch: &str) -> Result<u64>;

@@ -284,6 +284,20 @@ impl Queue for PostgresStore {
         Ok(())
     }
 
+    async fn reopen_batch(&self, batch: &str) -> Result<BatchRecord> {
+        let sql = format!(
+            "UPDATE batches SET state = 'open', stop_reason = NULL WHERE id = $1 RETURNING {BATCH_COLUMNS}"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(batch)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => batch_from_row(&row),
+            None => Err(StoreError::NoSuchBatch(batch.to_owned())),
+        }
+    }
+
     async fn queue_task(&self, task: &str) -> Result<()> {
         let updated =
             sqlx::query("UPDATE tasks SET queue = 'queued', not_before = NULL WHERE id = $1")

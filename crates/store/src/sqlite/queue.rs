@@ -166,6 +166,20 @@ impl Queue for SqliteStore {
         Ok(())
     }
 
+    async fn reopen_batch(&self, batch: &str) -> Result<BatchRecord> {
+        let mut conn = self.write_conn().await?;
+        let updated =
+            sqlx::query("UPDATE batches SET state = 'open', stop_reason = NULL WHERE id = ?")
+                .bind(batch)
+                .execute(&mut *conn)
+                .await?;
+        drop(conn);
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::NoSuchBatch(batch.to_owned()));
+        }
+        self.batch(batch).await
+    }
+
     async fn queue_task(&self, task: &str) -> Result<()> {
         let mut conn = self.write_conn().await?;
         let updated =

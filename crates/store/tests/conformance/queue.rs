@@ -377,6 +377,97 @@ async fn stopped_batches_are_not_claimed_and_requeue_reopens_the_failed() -> any
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_stopped_by_hand_is_claimed_no_more_until_reopened() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let batch = store
+            .create_batch(&new_batch("mistake", OnError::SkipAndLog, 0))
+            .await?;
+        let ids = store
+            .enqueue_tasks(&batch.id, (0..3).map(queued).collect())
+            .await?;
+        // One task is running when the batch stops: it keeps its lease.
+        let running = claim_one(store.as_ref(), "r", Some(&batch.id))
+            .await?
+            .context("the first task")?;
+        assert_eq!(running.task_id, ids[0]);
+
+        store.stop_batch(&batch.id, "stopped by hand").await?;
+        store.stop_batch(&batch.id, "stopped twice").await?;
+        let record = store.batch(&batch.id).await?;
+        assert_eq!(record.state, BatchState::Stopped);
+        assert_eq!(record.stop_reason.as_deref(), Some("stopped by hand"));
+        // Neither a worker of this batch nor one of every batch gets the queued tasks.
+        assert!(
+            claim_one(store.as_ref(), "s", Some(&batch.id))
+                .await?
+                .is_none()
+        );
+        assert!(claim_one(store.as_ref(), "t", None).await?.is_none());
+        assert!(store.next_wakeup(Some(&batch.id)).await?.is_none());
+        let depth = store.queue_depth().await?;
+        assert_eq!((depth.running, depth.stopped, depth.ready), (1, 2, 0));
+        let rows = store.batch_tasks(&batch.id).await?;
+        assert!(rows.iter().all(|t| t.queue == Some(QueueState::Queued)));
+        // The running task still settles.
+        store
+            .settle_claim(&ids[0], "r", &Settle::Done, None)
+            .await?;
+
+        // Reopening answers the open batch and requeues nothing: the queued tasks are
+        // claimable again, oldest first.
+        let reopened = store.reopen_batch(&batch.id).await?;
+        assert_eq!(reopened.state, BatchState::Open);
+        assert_eq!(reopened.stop_reason, None);
+        assert_eq!(reopened, store.batch(&batch.id).await?);
+        assert_eq!(
+            BatchRecord {
+                state: BatchState::Stopped,
+                stop_reason: Some("stopped by hand".into()),
+                ..reopened.clone()
+            },
+            record
+        );
+        // Reopening an open batch changes nothing.
+        assert_eq!(store.reopen_batch(&batch.id).await?, reopened);
+        let mut claimed = Vec::new();
+        for token in ["u", "v"] {
+            let next = claim_one(store.as_ref(), token, None)
+                .await?
+                .context("a reopened task")?;
+            claimed.push(next.task_id);
+        }
+        assert_eq!(claimed, ids[1..].to_vec());
+        assert!(claim_one(store.as_ref(), "w", None).await?.is_none());
+
+        // A stop after a reopen records its own reason.
+        store.stop_batch(&batch.id, "stopped again").await?;
+        assert_eq!(
+            store.batch(&batch.id).await?.stop_reason.as_deref(),
+            Some("stopped again")
+        );
+
+        for missing in ["0000", "zz", ""] {
+            assert!(matches!(
+                store.reopen_batch(missing).await,
+                Err(StoreError::NoSuchBatch(_))
+            ));
+            assert!(matches!(
+                store.stop_batch(missing, "x").await,
+                Err(StoreError::NoSuchBatch(_))
+            ));
+        }
+        // A prefix is not an id here: callers resolve it with `batch` first.
+        assert!(matches!(
+            store.reopen_batch(&batch.id[..13]).await,
+            Err(StoreError::NoSuchBatch(_))
+        ));
+        Ok(())
+    })
+    .await
+}
+
 fn rejected_with(step: u64, attempt: u32, kind: &str, usage: Value) -> JournalEntry {
     JournalEntry {
         errors: Some(
