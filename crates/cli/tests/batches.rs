@@ -542,7 +542,7 @@ async fn a_batch_submitted_for_a_tenant_is_the_tenants_and_api_batches_show_thei
         .unwrap();
     assert_eq!(
         visible.into_iter().map(|b| b.id).collect::<Vec<_>>(),
-        [id.clone()]
+        std::slice::from_ref(&id)
     );
 
     // A batch as `POST /v1/tasks:batch` records it: its skill and model, nothing else.
@@ -702,4 +702,160 @@ async fn sigterm_drains_a_worker_and_another_finishes_its_tasks() {
         "{} task(s) released by the drain, finished by the second worker",
         released.len()
     );
+}
+
+/// `batch stop` by hand: a worker of the batch claims none of its tasks and exits when idle,
+/// `batch status` shows the reason, and after `batch reopen` a worker completes them all. An
+/// unknown batch id is refused with exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_stop_keeps_tasks_queued_until_batch_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let ledger = dir.join("ledger.tsv");
+    let (skill, inputs) = warehouse_batch(dir, 4, 3, &ledger);
+    let config = dir.join("skillstate.toml");
+    std::fs::write(&config, "").unwrap();
+    std::fs::write(
+        dir.join("batch.yaml"),
+        format!(
+            "skill: {}\nmodel: oracle\ninputs: {}\n",
+            skill.display(),
+            inputs.display()
+        ),
+    )
+    .unwrap();
+    let db = dir.join("queue.db").display().to_string();
+    let submit = cli(
+        dir,
+        &config,
+        &["--db", &db, "batch", "submit", "batch.yaml"],
+    );
+    expect_exit(&submit, 0, "batch submit");
+    let batch = text(&submit.stdout).trim().to_owned();
+    let prefix = &batch[..13];
+
+    let stop = cli(
+        dir,
+        &config,
+        &[
+            "--db",
+            &db,
+            "batch",
+            "stop",
+            prefix,
+            "--reason",
+            "wrong inputs file",
+        ],
+    );
+    expect_exit(&stop, 0, "batch stop");
+    let said = text(&stop.stdout);
+    assert!(
+        said.contains(&format!("batch {batch} stopped (wrong inputs file)")),
+        "{said}"
+    );
+    assert!(said.contains("4 task(s) stay queued"), "{said}");
+    assert!(said.contains("running task(s) finish"), "{said}");
+    assert!(
+        said.contains(&format!("batch reopen {batch}")),
+        "stop says how to continue: {said}"
+    );
+    // Stopping again keeps the first reason.
+    let again = cli(dir, &config, &["--db", &db, "batch", "stop", prefix]);
+    expect_exit(&again, 0, "batch stop of a stopped batch");
+    assert!(
+        text(&again.stdout).contains("already stopped (wrong inputs file)"),
+        "{}",
+        text(&again.stdout)
+    );
+
+    let mut worker = spawn_worker(
+        dir,
+        &config,
+        &db,
+        &["--concurrency", "2", "--until-idle", "--batch", &batch],
+        &[],
+        &dir.join("worker1.log"),
+    );
+    let status = wait_exit(
+        &mut worker,
+        Duration::from_secs(60),
+        "the worker of a stopped batch",
+    );
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(dir.join("worker1.log")).unwrap()
+    );
+    let store = skillstate_store::open_existing(&db, &Default::default())
+        .await
+        .unwrap();
+    let tasks = store.batch_tasks(&batch).await.unwrap();
+    assert_eq!(tasks.len(), 4);
+    for task in &tasks {
+        assert_eq!(
+            (task.queue, task.status, task.version, task.leased),
+            (
+                Some(QueueState::Queued),
+                Some(TaskStatus::Running),
+                0,
+                false
+            ),
+            "{task:?}"
+        );
+    }
+    assert!(ledger_keys(&ledger).is_empty(), "no effectful call ran");
+
+    let status = cli(dir, &config, &["--db", &db, "batch", "status", prefix]);
+    expect_exit(&status, 0, "batch status of a stopped batch");
+    let shown = text(&status.stdout);
+    assert!(shown.contains("stopped (wrong inputs file)"), "{shown}");
+
+    let reopen = cli(dir, &config, &["--db", &db, "batch", "reopen", prefix]);
+    expect_exit(&reopen, 0, "batch reopen");
+    let said = text(&reopen.stdout);
+    assert!(said.contains(&format!("batch {batch} reopened")), "{said}");
+    assert!(said.contains("4 queued task(s) can be claimed"), "{said}");
+    assert!(said.contains("worker --batch"), "{said}");
+    let record = store.batch(&batch).await.unwrap();
+    assert_eq!((record.state, record.stop_reason), (BatchState::Open, None));
+
+    let mut worker = spawn_worker(
+        dir,
+        &config,
+        &db,
+        &["--concurrency", "2", "--until-idle", "--batch", &batch],
+        &[],
+        &dir.join("worker2.log"),
+    );
+    let status = wait_exit(
+        &mut worker,
+        Duration::from_secs(300),
+        "the worker of the reopened batch",
+    );
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(dir.join("worker2.log")).unwrap()
+    );
+    let tasks = store.batch_tasks(&batch).await.unwrap();
+    assert!(
+        tasks.iter().all(|t| t.status == Some(TaskStatus::Completed)
+            && t.queue == Some(QueueState::Done)
+            && t.version == 3),
+        "{tasks:?}"
+    );
+    assert_no_duplicate(&ledger_keys(&ledger));
+
+    // Unknown ids: a clear error, exit 1, for both commands.
+    for command in ["stop", "reopen"] {
+        let unknown = cli(dir, &config, &["--db", &db, "batch", command, "0000dead"]);
+        expect_exit(&unknown, 1, &format!("batch {command} of an unknown batch"));
+        let error = text(&unknown.stderr);
+        assert!(
+            error.contains("no batch matches `0000dead`") && error.contains("skillstate batches"),
+            "{error}"
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! `skillstate batch …` and `skillstate batches`: submit a batch file's tasks to the queue, run
-//! them in this process, follow them, report on them and retry the failed ones (README,
-//! "Batches and workers").
+//! them in this process, follow them, report on them, stop and reopen them and retry the failed
+//! ones (README, "Batches and workers").
 
+pub mod control;
 pub mod inputs;
 pub mod output;
 pub mod progress;
@@ -96,6 +97,20 @@ enum BatchCommand {
         /// Which tasks: the failed ones (the only choice for now).
         #[arg(long, required = true)]
         failed: bool,
+    },
+    /// Stop the batch: workers claim none of its queued tasks (running ones finish) until
+    /// `batch reopen`.
+    Stop {
+        /// Batch id or a unique prefix of it.
+        batch: String,
+        /// Why, shown by `batch status` (a stopped batch keeps its first reason).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Open a stopped batch again: workers claim its queued tasks (nothing is requeued).
+    Reopen {
+        /// Batch id or a unique prefix of it.
+        batch: String,
     },
 }
 
@@ -200,6 +215,16 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
             }
             Ok(ExitCode::SUCCESS)
         }
+        BatchCommand::Stop { batch, reason } => {
+            let config = load_config(config_path)?;
+            let store = open_store(&db.location, &config).await?;
+            control::stop(store.as_ref(), &db.location, &batch, reason.as_deref()).await
+        }
+        BatchCommand::Reopen { batch } => {
+            let config = load_config(config_path)?;
+            let store = open_store(&db.location, &config).await?;
+            control::reopen(store.as_ref(), &db.location, &batch).await
+        }
     }
 }
 
@@ -262,7 +287,7 @@ async fn drive(
         let why = if level == StopLevel::Drain {
             "drained on a signal"
         } else if report.batch.state == BatchState::Stopped {
-            "the batch stopped (on_error: stop); `batch retry --failed` reopens it"
+            "the batch is stopped; `batch reopen` (or `batch retry --failed`) reopens it"
         } else {
             "other workers hold them or their retries wait"
         };

@@ -82,7 +82,9 @@ fn eta(report: &Report) -> String {
     match (report.metrics.eta_ms, &report.batch.state) {
         (Some(0), _) => "done".into(),
         (Some(ms), _) => duration(ms),
-        (None, BatchState::Stopped) => "none: the batch is stopped (batch retry reopens it)".into(),
+        (None, BatchState::Stopped) => {
+            "none: the batch is stopped (batch reopen or batch retry reopens it)".into()
+        }
         (None, BatchState::Open) => "unknown until a task finishes".into(),
     }
 }
