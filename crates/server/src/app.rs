@@ -207,6 +207,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(events::tenant_events))
         .route("/v1/batches", get(batches::list_batches))
         .route("/v1/batches/{id}", get(batches::get_batch))
+        .route("/v1/batches/{id}/stop", post(batches::stop_batch))
+        .route("/v1/batches/{id}/reopen", post(batches::reopen_batch))
         .route(
             "/v1/boards",
             post(boards::create_board).get(boards::list_boards),

@@ -10,7 +10,7 @@ use utoipa::{Modify, OpenApi};
 use crate::batch_report::{BatchInfo, Counts, Metrics, Percentiles, Standing, TaskRow};
 use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
-use crate::routes::batches::{BatchListItem, BatchPage, BatchView};
+use crate::routes::batches::{BatchListItem, BatchPage, BatchView, StopBatchRequest};
 use crate::routes::board_events::BoardEventView;
 use crate::routes::events::{EventKindName, EventView};
 use crate::routes::inbox::{
@@ -51,6 +51,8 @@ use crate::views::*;
         events::tenant_events,
         batches::list_batches,
         batches::get_batch,
+        batches::stop_batch,
+        batches::reopen_batch,
         boards::create_board,
         boards::list_boards,
         boards::get_board,
@@ -98,6 +100,7 @@ use crate::views::*;
         BatchListItem,
         BatchPage,
         BatchView,
+        StopBatchRequest,
         BatchInfo,
         Counts,
         Metrics,
@@ -120,7 +123,7 @@ use crate::views::*;
         (name = "state", description = "A task's current state"),
         (name = "journal", description = "A task's history: steps, time travel, forks"),
         (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
-        (name = "batches", description = "Batches of tasks and their figures (counts, tokens, cost, ETA)"),
+        (name = "batches", description = "Batches of tasks, their figures (counts, tokens, cost, ETA), and stopping and reopening them"),
         (name = "boards", description = "Shared states that several tasks and API clients read and write, each write under the concurrent-write rule"),
         (name = "events", description = "Live events (Server-Sent Events) with durable, resumable ids"),
         (name = "operations", description = "Health, readiness, metrics and this document"),

@@ -5,8 +5,9 @@
 //! `GET /v1/tasks?batch=` lists a batch's tasks; every task response carries its token totals
 //! and cost (a model that reports usage, at a configured price). Other tenants, batches of no
 //! tenant (as `skillstate batch submit` makes) and malformed ids are 404s; bad parameters
-//! 400s. Through the router in-process and over a real socket on 127.0.0.1, on a SQLite file
-//! and on PostgreSQL.
+//! 400s. `POST /v1/batches/{id}/stop` and `/reopen` are the tenant's kill switch: a stopped
+//! batch's queued tasks are claimed by no worker until it is reopened. Through the router
+//! in-process and over a real socket on 127.0.0.1, on a SQLite file and on PostgreSQL.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -15,15 +16,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use axum::http::Method;
 use serde_json::{Value, json};
 use skillstate_envs::oracle::OracleModel;
 use skillstate_providers::{
     ModelProvider, ModelRequest, ModelResponse, Price, ProviderError, Usage,
 };
-use skillstate_server::AppState;
 use skillstate_server::batch_report::{Report, now_millis};
+use skillstate_server::{AppState, hash_secret, new_key_secret};
 use skillstate_store::prelude::*;
-use skillstate_store::{LeaseClaim, NewBatch, OnError, QueuedTask, RateLimit, Settle};
+use skillstate_store::{LeaseClaim, NewBatch, NewKey, OnError, QueuedTask, RateLimit, Settle};
 use support::*;
 
 /// Provider-reported usage of every answer of the reporting model.
@@ -88,6 +90,33 @@ async fn batches_over_a_socket_on_postgres() {
     let harness = Harness::new(db).await;
     let socket = Socket::start(priced(&harness)).await;
     batches(&harness, &socket).await;
+    socket.stop().await;
+    harness.db.destroy().await;
+}
+
+#[tokio::test]
+async fn stop_and_reopen_in_process_on_a_sqlite_file() {
+    let harness = Harness::new(Db::sqlite().await).await;
+    let transport = InProcess(harness.router());
+    stop_and_reopen(&harness, &transport).await;
+}
+
+#[tokio::test]
+async fn stop_and_reopen_over_a_socket_on_a_sqlite_file() {
+    let harness = Harness::new(Db::sqlite().await).await;
+    let socket = Socket::start(harness.state.clone()).await;
+    stop_and_reopen(&harness, &socket).await;
+    socket.stop().await;
+}
+
+#[tokio::test]
+async fn stop_and_reopen_over_a_socket_on_postgres() {
+    let Some(db) = Db::postgres().await.unwrap() else {
+        return;
+    };
+    let harness = Harness::new(db).await;
+    let socket = Socket::start(harness.state.clone()).await;
+    stop_and_reopen(&harness, &socket).await;
     socket.stop().await;
     harness.db.destroy().await;
 }
@@ -414,4 +443,211 @@ async fn batches(harness: &Harness, api: &dyn Transport) {
         .await;
     let problem = nameless.problem(422);
     assert_eq!(problem["errors"][0]["pointer"], "/name");
+}
+
+/// Whether any worker could claim a task now (of `batch`, or of any batch); a claim taken is
+/// released at once.
+async fn claimable(store: &dyn Store, batch: Option<&str>) -> Option<String> {
+    let claimed = store
+        .claim_task(&claim("probe"), 60_000, batch)
+        .await
+        .unwrap()?;
+    store
+        .release_lease(&claimed.task_id, "probe")
+        .await
+        .unwrap();
+    Some(claimed.task_id)
+}
+
+async fn stop_and_reopen(harness: &Harness, api: &dyn Transport) {
+    let store = harness.store();
+    let (key, key_id) = harness.key("acme").await;
+    let (other, _) = harness.key("globex").await;
+    let created = api
+        .send(
+            Call::post(
+                "/v1/tasks:batch",
+                &json!({"name": "mistake", "tasks": [warehouse(1, "a"), warehouse(2, "b"), warehouse(3, "c")]}),
+            )
+            .key(&key),
+        )
+        .await;
+    let batch = created.expect(201).json()["batch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let stop = format!("/v1/batches/{batch}/stop");
+    let reopen = format!("/v1/batches/{batch}/reopen");
+    assert!(claimable(store.as_ref(), Some(&batch)).await.is_some());
+
+    // Stop with a reason: the answer is the batch as GET shows it; nothing is claimed.
+    let stopped = api
+        .send(Call::post(&stop, &json!({"reason": "  wrong inputs file "})).key(&key))
+        .await;
+    let stopped = stopped.expect(200).json();
+    assert_eq!(stopped["batch"]["id"], batch.as_str());
+    assert_eq!(stopped["batch"]["state"], "stopped");
+    assert_eq!(stopped["batch"]["stop_reason"], "wrong inputs file");
+    assert_eq!(stopped["counts"]["total"], 3);
+    assert_eq!(stopped["counts"]["queued"], 3);
+    assert_eq!(claimable(store.as_ref(), Some(&batch)).await, None);
+    assert_eq!(claimable(store.as_ref(), None).await, None);
+    let shown = api
+        .send(Call::get(format!("/v1/batches/{batch}")).key(&key))
+        .await;
+    let shown = shown.expect(200).json();
+    assert_eq!(shown["batch"], stopped["batch"]);
+    assert_eq!(shown["counts"], stopped["counts"]);
+    let listed = api.send(Call::get("/v1/batches").key(&key)).await;
+    let listed = listed.expect(200).json();
+    assert_eq!(listed["batches"][0]["state"], "stopped");
+    assert_eq!(listed["batches"][0]["stop_reason"], "wrong inputs file");
+
+    // Stopping again (no body at all) keeps the first reason.
+    let again = api.send(Call::new(Method::POST, &stop).key(&key)).await;
+    assert_eq!(
+        again.expect(200).json()["batch"]["stop_reason"],
+        "wrong inputs file"
+    );
+
+    // Bodies that do not fit: nothing changes.
+    for (body, pointer) in [
+        (json!({"reason": ""}), "/reason"),
+        (json!({"reason": "two\nlines"}), "/reason"),
+        (json!({"reason": "nul\u{0}byte"}), "/reason"),
+        (json!({"reason": "x".repeat(2001)}), "/reason"),
+        (json!({"colour": "red"}), "/colour"),
+        (json!({"reason": 7}), "/reason"),
+    ] {
+        let problem = api
+            .send(Call::post(&stop, &body).key(&key))
+            .await
+            .problem(422);
+        assert_eq!(
+            problem["errors"][0]["pointer"], pointer,
+            "{body}: {problem}"
+        );
+    }
+    api.send(
+        Call::new(Method::POST, &stop)
+            .raw("application/json", b"{".to_vec())
+            .key(&key),
+    )
+    .await
+    .problem(400);
+    api.send(
+        Call::new(Method::POST, &stop)
+            .raw("text/plain", b"stop it".to_vec())
+            .key(&key),
+    )
+    .await
+    .problem(415);
+    assert_eq!(
+        store.batch(&batch).await.unwrap().stop_reason.as_deref(),
+        Some("wrong inputs file")
+    );
+
+    // Another tenant, a batch of no tenant, malformed and unknown ids: 404, nothing changes.
+    for path in [&stop, &reopen] {
+        let problem = api
+            .send(Call::new(Method::POST, path).key(&other))
+            .await
+            .problem(404);
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("GET /v1/batches"),
+            "{problem}"
+        );
+    }
+    assert_eq!(
+        store.batch(&batch).await.unwrap().state,
+        skillstate_store::BatchState::Stopped
+    );
+    let local = store
+        .create_batch(&NewBatch {
+            name: "submitted".into(),
+            spec: json!({"skill": "warehouse", "model": "oracle"}),
+            on_error: OnError::SkipAndLog,
+            max_retry: 0,
+            rate_limit: RateLimit::default(),
+        })
+        .await
+        .unwrap();
+    for path in [
+        format!("/v1/batches/{}/stop", local.id),
+        "/v1/batches/not-a-batch/stop".to_owned(),
+        "/v1/batches/0190aaaa-0000-7000-8000-000000000000/reopen".to_owned(),
+        format!("/v1/batches/{}/stop", &batch[..13]),
+        format!("/v1/batches/{}/reopen", batch.to_uppercase()),
+    ] {
+        api.send(Call::new(Method::POST, &path).key(&key))
+            .await
+            .problem(404);
+    }
+    assert_eq!(
+        store.batch(&local.id).await.unwrap().state,
+        skillstate_store::BatchState::Open
+    );
+    // No key; a key limited to board pointers.
+    api.send(Call::new(Method::POST, &reopen))
+        .await
+        .problem(401);
+    let secret = new_key_secret();
+    store
+        .create_key(&NewKey {
+            tenant: "acme".into(),
+            label: "boards only".into(),
+            secret_hash: hash_secret(&secret),
+            scopes: Some(json!({"board": {"reads": ["/plan"], "writes": []}})),
+        })
+        .await
+        .unwrap();
+    api.send(Call::new(Method::POST, &reopen).key(&secret))
+        .await
+        .problem(403);
+    assert_eq!(claimable(store.as_ref(), None).await, None);
+
+    // Reopen: open, no reason, the queued tasks claimable again (nothing requeued).
+    let reopened = api.send(Call::new(Method::POST, &reopen).key(&key)).await;
+    let reopened = reopened.expect(200).json();
+    assert_eq!(reopened["batch"]["state"], "open");
+    assert_eq!(reopened["batch"]["stop_reason"], Value::Null);
+    assert_eq!(reopened["counts"]["queued"], 3);
+    let record = store.batch(&batch).await.unwrap();
+    assert_eq!(
+        (record.state, record.stop_reason),
+        (skillstate_store::BatchState::Open, None)
+    );
+    assert!(claimable(store.as_ref(), Some(&batch)).await.is_some());
+    let again = api.send(Call::new(Method::POST, &reopen).key(&key)).await;
+    assert_eq!(again.expect(200).json()["batch"]["state"], "open");
+
+    // Without a reason, the stop names the key that made it.
+    let stopped = api.send(Call::new(Method::POST, &stop).key(&key)).await;
+    let reason = stopped.expect(200).json()["batch"]["stop_reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains(&key_id), "{reason}");
+    assert_eq!(claimable(store.as_ref(), None).await, None);
+    // The document describes both routes.
+    let doc = api
+        .send(Call::get("/openapi.json"))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        doc["paths"]["/v1/batches/{id}/stop"]["post"]["operationId"],
+        "stopBatch"
+    );
+    // The body is optional: `required` is absent (false) in OpenAPI 3.1.
+    let body = &doc["paths"]["/v1/batches/{id}/stop"]["post"]["requestBody"];
+    assert!(body["content"]["application/json"].is_object(), "{body}");
+    assert_ne!(body["required"], true, "{body}");
+    assert_eq!(
+        doc["paths"]["/v1/batches/{id}/reopen"]["post"]["operationId"],
+        "reopenBatch"
+    );
 }

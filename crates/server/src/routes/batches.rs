@@ -1,7 +1,8 @@
-//! Batches, read-only: the tenant's batches (`GET /v1/batches`) and one batch's figures
-//! (`GET /v1/batches/{id}`: counts by status, tokens, cost, ETA, the slowest and the failed
-//! tasks — what `skillstate batch status` shows, computed by [`crate::batch_report`]). A
-//! batch's tasks are listed by `GET /v1/tasks?batch=<id>`.
+//! Batches: the tenant's batches (`GET /v1/batches`), one batch's figures (`GET
+//! /v1/batches/{id}`: counts by status, tokens, cost, ETA, the slowest and the failed tasks —
+//! what `skillstate batch status` shows, computed by [`crate::batch_report`]), and its kill
+//! switch (`POST /v1/batches/{id}/stop` and `/reopen`, as `skillstate batch stop` and `batch
+//! reopen`). A batch's tasks are listed by `GET /v1/tasks?batch=<id>`.
 //!
 //! Tenancy: batches have no tenant of their own; a batch is visible to a tenant when it has
 //! tasks and every one of them is the tenant's. `POST /v1/tasks:batch` records its tasks as one
@@ -10,7 +11,8 @@
 //! a missing one are the same 404.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
+use axum::http::header;
 use serde::{Deserialize, Serialize};
 use skillstate_store::{BatchQuery, BatchRecord, BatchState, StoreError};
 use utoipa::{IntoParams, ToSchema};
@@ -20,14 +22,26 @@ use super::tasks::{DEFAULT_PAGE, MAX_PAGE};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::batch_report::{self, BatchInfo, Counts, Metrics, Report, TaskRow, now_millis};
-use crate::json::ApiQuery;
-use crate::problem::{ApiError, Problem};
+use crate::json::{ApiQuery, is_json, parse_body, read_body};
+use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, rfc3339};
 
 /// The slowest tasks a batch's figures show, as `batch status` does.
 pub const SLOWEST: usize = 5;
 /// The failed tasks a batch's figures list (`failed_total` counts them all).
 pub const FAILED_SHOWN: usize = 20;
+
+/// The longest stop reason accepted, in bytes.
+pub const MAX_REASON: usize = 2000;
+
+/// Why a batch stops; the body of `POST /v1/batches/{id}/stop` is optional.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopBatchRequest {
+    /// Shown as the batch's `stop_reason` (1-2000 bytes, no control characters). Default: the
+    /// API key that stopped it. A batch stopped already keeps its first reason.
+    pub reason: Option<String>,
+}
 
 /// The page of a batch listing.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
@@ -202,21 +216,35 @@ pub async fn get_batch(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<BatchView>, ApiError> {
-    if !is_task_id(&id) {
-        return Err(no_batch(&id));
+    let batch = visible_batch(&state, &caller, &id).await?;
+    batch_view(&state, batch).await.map(axum::Json)
+}
+
+/// The batch `id` (a full id) when the caller sees it; the same 404 otherwise.
+async fn visible_batch(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<BatchRecord, ApiError> {
+    if !is_task_id(id) {
+        return Err(no_batch(id));
     }
-    match state.store.batch_tenant(&id).await {
+    match state.store.batch_tenant(id).await {
         Ok(tenant) if caller.sees(tenant.as_deref()) => {}
-        Ok(_) | Err(StoreError::NoSuchBatch(_)) => return Err(no_batch(&id)),
+        Ok(_) | Err(StoreError::NoSuchBatch(_)) => return Err(no_batch(id)),
         Err(other) => return Err(other.into()),
     }
-    let batch = match state.store.batch(&id).await {
-        Ok(batch) if batch.id == id => batch,
+    match state.store.batch(id).await {
+        Ok(batch) if batch.id == id => Ok(batch),
         Ok(_) | Err(StoreError::NoSuchBatch(_) | StoreError::AmbiguousBatch { .. }) => {
-            return Err(no_batch(&id));
+            Err(no_batch(id))
         }
-        Err(other) => return Err(other.into()),
-    };
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// A batch's figures, as `GET /v1/batches/{id}` answers them.
+async fn batch_view(state: &AppState, batch: BatchRecord) -> Result<BatchView, ApiError> {
     let mut tasks = state.store.batch_tasks(&batch.id).await?;
     // A failure quotes rejection messages, which may quote a value: none that the task's
     // state schema marks write-only.
@@ -234,7 +262,7 @@ pub async fn get_batch(
     let price = model.as_deref().and_then(|m| state.prices.get(m));
     let report = Report::build(batch, &tasks, model, skill, price, now_millis());
     let failures = report.failures();
-    Ok(axum::Json(BatchView {
+    Ok(BatchView {
         failed_total: failures.len() as u64,
         failed: failures.into_iter().take(FAILED_SHOWN).cloned().collect(),
         slowest: report.slowest(SLOWEST).into_iter().cloned().collect(),
@@ -242,5 +270,130 @@ pub async fn get_batch(
         batch: report.batch,
         counts: report.counts,
         metrics: report.metrics,
-    }))
+    })
+}
+
+/// The optional body of a stop: none (an empty body) or a JSON `StopBatchRequest`.
+async fn stop_request(request: Request, state: &AppState) -> Result<StopBatchRequest, ApiError> {
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = read_body(request, state).await?;
+    if body.is_empty() {
+        return Ok(StopBatchRequest::default());
+    }
+    if !is_json(&content_type) {
+        return Err(ApiError::UnsupportedMediaType {
+            detail: format!(
+                "this route reads an optional JSON body; send it with Content-Type: application/json (got `{}`), or send no body",
+                if content_type.is_empty() {
+                    "none"
+                } else {
+                    content_type.as_str()
+                }
+            ),
+        });
+    }
+    parse_body(&body, state.config.max_json_depth)
+}
+
+/// 422 for a reason that is empty, too long or holds control characters.
+fn check_reason(reason: &str) -> Result<(), ApiError> {
+    let problem = if reason.len() > MAX_REASON {
+        format!(
+            "is {} bytes; at most {MAX_REASON} are accepted",
+            reason.len()
+        )
+    } else if reason.trim().is_empty() {
+        "is empty; say why the batch stops, or leave `reason` out".to_owned()
+    } else if reason.chars().any(char::is_control) {
+        "holds a control character (a line break, a tab, NUL…); give one line of text".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::invalid(
+        "the request is not valid",
+        vec![FieldError::new("invalid", "/reason", problem)],
+    ))
+}
+
+/// Stops a batch by hand.
+///
+/// Workers claim none of its queued tasks until it is reopened; tasks running now go on. A
+/// batch stopped already (by hand, or by `on_error: stop`) stays stopped with its first reason
+/// (200, the batch as it is).
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/stop",
+    operation_id = "stopBatch",
+    summary = "Stop a batch",
+    description = "Workers claim none of the batch's queued tasks until `POST /v1/batches/{id}/reopen`; tasks running now go on. The optional body gives the reason (`stop_reason`); a batch stopped already keeps its first reason. Answers the batch's figures as `GET /v1/batches/{id}` does.",
+    tag = "batches",
+    params(("id" = String, Path, description = "The batch's id")),
+    request_body(content = Option<StopBatchRequest>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The batch, stopped", body = BatchView),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The API key is limited to board pointers", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such batch for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The reason is empty, too long or holds control characters, or the body has unknown fields", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn stop_batch(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<axum::Json<BatchView>, ApiError> {
+    let batch = visible_batch(&state, &caller, &id).await?;
+    let request = stop_request(request, &state).await?;
+    let reason = match request.reason {
+        Some(reason) => {
+            check_reason(&reason)?;
+            reason.trim().to_owned()
+        }
+        None => format!("stopped through the API (key {})", caller.key_id),
+    };
+    state.store.stop_batch(&batch.id, &reason).await?;
+    let batch = state.store.batch(&batch.id).await?;
+    batch_view(&state, batch).await.map(axum::Json)
+}
+
+/// Reopens a stopped batch.
+///
+/// Workers claim its queued tasks again; nothing is requeued (failed tasks stay failed). An
+/// open batch stays as it is (200).
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/reopen",
+    operation_id = "reopenBatch",
+    summary = "Reopen a stopped batch",
+    description = "Opens the batch again and clears its `stop_reason`: workers claim its queued tasks. Nothing is requeued. Answers the batch's figures as `GET /v1/batches/{id}` does.",
+    tag = "batches",
+    params(("id" = String, Path, description = "The batch's id")),
+    responses(
+        (status = 200, description = "The batch, open", body = BatchView),
+        (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The API key is limited to board pointers", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such batch for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn reopen_batch(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<BatchView>, ApiError> {
+    let batch = visible_batch(&state, &caller, &id).await?;
+    let batch = state.store.reopen_batch(&batch.id).await?;
+    batch_view(&state, batch).await.map(axum::Json)
 }
