@@ -585,26 +585,7 @@ async fn sigterm_drains_a_worker_and_another_finishes_its_tasks() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ledger = dir.join("ledger.tsv");
-    let (skill, inputs) = warehouse_batch(dir, 120, 3, &ledger);
-    let config = dir.join("skillstate.toml");
-    std::fs::write(&config, "").unwrap();
-    std::fs::write(
-        dir.join("batch.yaml"),
-        format!(
-            "skill: {}\nmodel: oracle\ninputs: {}\n",
-            skill.display(),
-            inputs.display()
-        ),
-    )
-    .unwrap();
-    let db = dir.join("queue.db").display().to_string();
-    let submit = cli(
-        dir,
-        &config,
-        &["--db", &db, "batch", "submit", "batch.yaml"],
-    );
-    expect_exit(&submit, 0, "batch submit");
-    let batch = text(&submit.stdout).trim().to_owned();
+    let SubmittedBatch { config, db, batch } = submit_warehouse_batch(dir, 120, 3, &ledger);
     let store = skillstate_store::open_existing(&db, &Default::default())
         .await
         .unwrap();
@@ -712,26 +693,7 @@ async fn batch_stop_keeps_tasks_queued_until_batch_reopen() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ledger = dir.join("ledger.tsv");
-    let (skill, inputs) = warehouse_batch(dir, 4, 3, &ledger);
-    let config = dir.join("skillstate.toml");
-    std::fs::write(&config, "").unwrap();
-    std::fs::write(
-        dir.join("batch.yaml"),
-        format!(
-            "skill: {}\nmodel: oracle\ninputs: {}\n",
-            skill.display(),
-            inputs.display()
-        ),
-    )
-    .unwrap();
-    let db = dir.join("queue.db").display().to_string();
-    let submit = cli(
-        dir,
-        &config,
-        &["--db", &db, "batch", "submit", "batch.yaml"],
-    );
-    expect_exit(&submit, 0, "batch submit");
-    let batch = text(&submit.stdout).trim().to_owned();
+    let SubmittedBatch { config, db, batch } = submit_warehouse_batch(dir, 4, 3, &ledger);
     let prefix = &batch[..13];
 
     let stop = cli(

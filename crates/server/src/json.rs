@@ -25,26 +25,57 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let content_type = request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
+        let content_type = content_type_of(&request);
         if !is_json(&content_type) {
-            return Err(ApiError::UnsupportedMediaType {
-                detail: format!(
-                    "this route reads a JSON body; send it with Content-Type: application/json (got `{}`)",
-                    if content_type.is_empty() {
-                        "none"
-                    } else {
-                        content_type.as_str()
-                    }
-                ),
-            });
+            return Err(not_json(&content_type, "a JSON body", ""));
         }
         let body = read_body(request, state).await?;
         parse_body(&body, state.config.max_json_depth).map(ApiJson)
+    }
+}
+
+/// An optional JSON body: none at all (an empty body, any Content-Type) is `T::default()`;
+/// otherwise it is read as [`ApiJson`] reads one.
+pub(crate) async fn optional_json<T: DeserializeOwned + Default>(
+    request: Request,
+    state: &AppState,
+) -> Result<T, ApiError> {
+    let content_type = content_type_of(&request);
+    let body = read_body(request, state).await?;
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    if !is_json(&content_type) {
+        return Err(not_json(
+            &content_type,
+            "an optional JSON body",
+            ", or send no body",
+        ));
+    }
+    parse_body(&body, state.config.max_json_depth)
+}
+
+/// The request's Content-Type, empty when it has none (or one that is not text).
+fn content_type_of(request: &Request) -> String {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// 415 for a body sent as `content_type`, saying what the route reads.
+fn not_json(content_type: &str, reads: &str, otherwise: &str) -> ApiError {
+    let got = if content_type.is_empty() {
+        "none"
+    } else {
+        content_type
+    };
+    ApiError::UnsupportedMediaType {
+        detail: format!(
+            "this route reads {reads}; send it with Content-Type: application/json (got `{got}`){otherwise}"
+        ),
     }
 }
 

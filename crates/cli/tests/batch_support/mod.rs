@@ -88,6 +88,44 @@ pub fn warehouse_batch(
     (skill, inputs)
 }
 
+/// A submitted warehouse batch on SQLite: `tasks` tasks of `events` events writing `ledger`, an
+/// empty skillstate.toml, queued in `root/queue.db` by `skillstate batch submit`.
+pub struct SubmittedBatch {
+    pub config: PathBuf,
+    pub db: String,
+    pub batch: String,
+}
+
+/// Writes a warehouse batch file in `root` and submits it (see [`SubmittedBatch`]).
+pub fn submit_warehouse_batch(
+    root: &Path,
+    tasks: usize,
+    events: u32,
+    ledger: &Path,
+) -> SubmittedBatch {
+    let (skill, inputs) = warehouse_batch(root, tasks, events, ledger);
+    let config = root.join("skillstate.toml");
+    std::fs::write(&config, "").unwrap();
+    std::fs::write(
+        root.join("batch.yaml"),
+        format!(
+            "skill: {}\nmodel: oracle\ninputs: {}\n",
+            skill.display(),
+            inputs.display()
+        ),
+    )
+    .unwrap();
+    let db = root.join("queue.db").display().to_string();
+    let submit = cli(
+        root,
+        &config,
+        &["--db", &db, "batch", "submit", "batch.yaml"],
+    );
+    expect_exit(&submit, 0, "batch submit");
+    let batch = text(&submit.stdout).trim().to_owned();
+    SubmittedBatch { config, db, batch }
+}
+
 /// The idempotency keys of the ledger's lines, in order.
 pub fn ledger_keys(ledger: &Path) -> Vec<String> {
     std::fs::read_to_string(ledger)

@@ -12,7 +12,6 @@
 
 use axum::Extension;
 use axum::extract::{Path, Request, State};
-use axum::http::header;
 use serde::{Deserialize, Serialize};
 use skillstate_store::{BatchQuery, BatchRecord, BatchState, StoreError};
 use utoipa::{IntoParams, ToSchema};
@@ -22,7 +21,7 @@ use super::tasks::{DEFAULT_PAGE, MAX_PAGE};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::batch_report::{self, BatchInfo, Counts, Metrics, Report, TaskRow, now_millis};
-use crate::json::{ApiQuery, is_json, parse_body, read_body};
+use crate::json::{ApiQuery, optional_json};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, rfc3339};
 
@@ -273,33 +272,6 @@ async fn batch_view(state: &AppState, batch: BatchRecord) -> Result<BatchView, A
     })
 }
 
-/// The optional body of a stop: none (an empty body) or a JSON `StopBatchRequest`.
-async fn stop_request(request: Request, state: &AppState) -> Result<StopBatchRequest, ApiError> {
-    let content_type = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let body = read_body(request, state).await?;
-    if body.is_empty() {
-        return Ok(StopBatchRequest::default());
-    }
-    if !is_json(&content_type) {
-        return Err(ApiError::UnsupportedMediaType {
-            detail: format!(
-                "this route reads an optional JSON body; send it with Content-Type: application/json (got `{}`), or send no body",
-                if content_type.is_empty() {
-                    "none"
-                } else {
-                    content_type.as_str()
-                }
-            ),
-        });
-    }
-    parse_body(&body, state.config.max_json_depth)
-}
-
 /// 422 for a reason that is empty, too long or holds control characters.
 fn check_reason(reason: &str) -> Result<(), ApiError> {
     let problem = if reason.len() > MAX_REASON {
@@ -354,7 +326,7 @@ pub async fn stop_batch(
     request: Request,
 ) -> Result<axum::Json<BatchView>, ApiError> {
     let batch = visible_batch(&state, &caller, &id).await?;
-    let request = stop_request(request, &state).await?;
+    let request: StopBatchRequest = optional_json(request, &state).await?;
     let reason = match request.reason {
         Some(reason) => {
             check_reason(&reason)?;
