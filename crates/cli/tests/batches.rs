@@ -730,24 +730,29 @@ async fn batch_stop_keeps_tasks_queued_until_batch_reopen() {
         text(&again.stdout)
     );
 
-    let mut worker = spawn_worker(
-        dir,
-        &config,
-        &db,
-        &["--concurrency", "2", "--until-idle", "--batch", &batch],
-        &[],
-        &dir.join("worker1.log"),
-    );
-    let status = wait_exit(
-        &mut worker,
+    // A worker of the batch that runs until nothing is left to claim, and exits 0.
+    let work_until_idle = |log: &str, within: Duration, what: &str| {
+        let log = dir.join(log);
+        let mut worker = spawn_worker(
+            dir,
+            &config,
+            &db,
+            &["--concurrency", "2", "--until-idle", "--batch", &batch],
+            &[],
+            &log,
+        );
+        let status = wait_exit(&mut worker, within, what);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+    };
+    work_until_idle(
+        "worker1.log",
         Duration::from_secs(60),
         "the worker of a stopped batch",
-    );
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "{}",
-        std::fs::read_to_string(dir.join("worker1.log")).unwrap()
     );
     let store = skillstate_store::open_existing(&db, &Default::default())
         .await
@@ -782,24 +787,10 @@ async fn batch_stop_keeps_tasks_queued_until_batch_reopen() {
     let record = store.batch(&batch).await.unwrap();
     assert_eq!((record.state, record.stop_reason), (BatchState::Open, None));
 
-    let mut worker = spawn_worker(
-        dir,
-        &config,
-        &db,
-        &["--concurrency", "2", "--until-idle", "--batch", &batch],
-        &[],
-        &dir.join("worker2.log"),
-    );
-    let status = wait_exit(
-        &mut worker,
+    work_until_idle(
+        "worker2.log",
         Duration::from_secs(300),
         "the worker of the reopened batch",
-    );
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "{}",
-        std::fs::read_to_string(dir.join("worker2.log")).unwrap()
     );
     let tasks = store.batch_tasks(&batch).await.unwrap();
     assert!(

@@ -76,6 +76,15 @@ fn answer(patch: Value, tool: &str, args: Value) -> String {
         .to_string()
 }
 
+/// A counter agent's answer: set the board's counter to `n`, then finish.
+fn counter_answer(n: i64) -> String {
+    answer(
+        json!({"done": true, "board": {"shared": {"counter": n}}}),
+        "finish",
+        json!({"result": "ok"}),
+    )
+}
+
 type Hook = Box<dyn Fn(usize) -> Option<(Value, u64)> + Send + Sync>;
 
 /// A model that answers from a list, keeps every prompt it was sent, and before answering
@@ -289,18 +298,7 @@ async fn an_answer_meeting_another_writers_change_is_refused_with_the_fresh_valu
     let skill = agent_skill("counter", &["/shared"], &["/shared/counter"]);
     // While the model thinks about its first answer (computed on counter = 0), someone sets the
     // counter to 5. The answer "counter = 1" must not overwrite that.
-    let answers = vec![
-        answer(
-            json!({"done": true, "board": {"shared": {"counter": 1}}}),
-            "finish",
-            json!({"result": "ok"}),
-        ),
-        answer(
-            json!({"done": true, "board": {"shared": {"counter": 6}}}),
-            "finish",
-            json!({"result": "ok"}),
-        ),
-    ];
+    let answers = vec![counter_answer(1), counter_answer(6)];
     let hook: Hook = Box::new(|n| (n == 0).then(|| (json!({"shared": {"counter": 5}}), 0)));
     let (task, team, status) = run_agent(&store, &board, &skill, answers, hook).await;
     assert_eq!(status, TaskStatus::Completed);
@@ -385,18 +383,7 @@ async fn board_conflicts_before_a_crash_do_not_spend_the_resumed_steps_retries()
     // for its third answer.
     let stuck = Arc::new(Notify::new());
     let first = Arc::new(Team {
-        answers: vec![
-            answer(
-                json!({"done": true, "board": {"shared": {"counter": 1}}}),
-                "finish",
-                json!({"result": "ok"}),
-            ),
-            answer(
-                json!({"done": true, "board": {"shared": {"counter": 6}}}),
-                "finish",
-                json!({"result": "ok"}),
-            ),
-        ],
+        answers: vec![counter_answer(1), counter_answer(6)],
         prompts: Mutex::new(Vec::new()),
         store: store.clone(),
         board: board.id.clone(),
@@ -452,11 +439,7 @@ async fn board_conflicts_before_a_crash_do_not_spend_the_resumed_steps_retries()
     // Second process: its one answer, computed on the fresh 7, is the step's third answer and
     // only its first counted one.
     let second = Arc::new(Team {
-        answers: vec![answer(
-            json!({"done": true, "board": {"shared": {"counter": 8}}}),
-            "finish",
-            json!({"result": "ok"}),
-        )],
+        answers: vec![counter_answer(8)],
         prompts: Mutex::new(Vec::new()),
         store: store.clone(),
         board: board.id.clone(),
