@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use skillstate_providers::{Price, ProviderSettings, Usage};
-use skillstate_tools::builtin::{SandboxConfig, SandboxMode};
+use skillstate_tools::builtin::{SandboxConfig, SandboxLimits, SandboxMode};
 use skillstate_tools::mcp::McpServerConfig;
 
 pub const CONFIG_FILE: &str = "skillstate.toml";
@@ -56,7 +56,7 @@ pub struct McpConfig {
     pub servers: BTreeMap<String, McpServerConfig>,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolsConfig {
     pub policy: ApprovalPolicy,
@@ -68,6 +68,31 @@ pub struct ToolsConfig {
     pub sandbox_read_paths: Vec<PathBuf>,
     /// The bubblewrap binary (default: `bwrap` on PATH, then /usr/bin/bwrap).
     pub sandbox_bwrap: Option<PathBuf>,
+    /// Processes at once in one sandbox (RLIMIT_NPROC in its user namespace; not enforced by
+    /// the kernel when the runtime runs as root).
+    pub sandbox_max_processes: u64,
+    /// Address space of each sandboxed process, in bytes (RLIMIT_AS).
+    pub sandbox_memory_bytes: u64,
+    /// Largest file a sandboxed process may write, in bytes (RLIMIT_FSIZE).
+    pub sandbox_max_file_bytes: u64,
+    /// CPU seconds of each sandboxed process (RLIMIT_CPU).
+    pub sandbox_cpu_secs: u64,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        let limits = SandboxLimits::default();
+        Self {
+            policy: ApprovalPolicy::default(),
+            sandbox: SandboxMode::default(),
+            sandbox_read_paths: Vec::new(),
+            sandbox_bwrap: None,
+            sandbox_max_processes: limits.max_processes,
+            sandbox_memory_bytes: limits.memory_bytes,
+            sandbox_max_file_bytes: limits.max_file_bytes,
+            sandbox_cpu_secs: limits.cpu_secs,
+        }
+    }
 }
 
 impl ToolsConfig {
@@ -77,6 +102,13 @@ impl ToolsConfig {
             mode: self.sandbox,
             bwrap: self.sandbox_bwrap.clone(),
             read_paths: self.sandbox_read_paths.clone(),
+            limits: SandboxLimits {
+                max_processes: self.sandbox_max_processes,
+                memory_bytes: self.sandbox_memory_bytes,
+                max_file_bytes: self.sandbox_max_file_bytes,
+                cpu_secs: self.sandbox_cpu_secs,
+            },
+            util_linux: None,
         }
     }
 }

@@ -76,6 +76,30 @@ pub const CONFIG_RANGES: &[SettingRange] = &[
         86_400,
         "the execution lease in seconds",
     ),
+    SettingRange::integer(
+        "tools.sandbox_max_processes",
+        8,
+        1_000_000,
+        "the processes at once in one shell sandbox",
+    ),
+    SettingRange::integer(
+        "tools.sandbox_memory_bytes",
+        64 << 20,
+        1 << 50,
+        "the address space of each sandboxed process in bytes",
+    ),
+    SettingRange::integer(
+        "tools.sandbox_max_file_bytes",
+        1 << 20,
+        1 << 50,
+        "the largest file a sandboxed process may write in bytes",
+    ),
+    SettingRange::integer(
+        "tools.sandbox_cpu_secs",
+        1,
+        86_400,
+        "the CPU seconds of each sandboxed process",
+    ),
 ];
 
 /// Every value of `text` (the contents of `file`) outside its range, one `file:line:column:

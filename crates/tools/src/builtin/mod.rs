@@ -2,10 +2,14 @@
 
 mod confine;
 mod fs;
+mod launcher;
+mod rlimits;
 mod sandbox;
 mod shell;
+mod spawner;
 
 pub use confine::WorkDir;
 pub use fs::{FsTool, fs_tools};
+pub use rlimits::SandboxLimits;
 pub use sandbox::{Sandbox, SandboxConfig, SandboxMode};
 pub use shell::{ShellSettings, ShellTool};

@@ -12,13 +12,16 @@
 //! bwrap only returns once the shell is reaped — which the kernel allows only after every
 //! other process of the namespace is gone. (With bwrap's own init as PID 1, bwrap returned
 //! as soon as the shell exited, while the rest was still being killed.) `--die-with-parent`
-//! kills the shell, and so the namespace, when the runtime kills bwrap (timeout) or dies
-//! itself (SIGKILL).
+//! kills the shell, and so the namespace, when the runtime kills bwrap (timeout); the launch
+//! chain of `launcher.rs` kills bwrap when the runtime dies, even before bwrap runs. The
+//! command runs under the operator's resource limits (`rlimits.rs`), in a process group of its
+//! own (a Ctrl-C meant for the runtime does not reach it).
 //!
 //! bwrap is started with an empty environment plus the skill's `env_allow` variables, which
 //! is all the sandbox can read at /proc/1/environ.
 
 use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -26,6 +29,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
+
+use super::launcher::Launcher;
+use super::rlimits::SandboxLimits;
 
 /// `[tools] sandbox` in skillstate.toml: how `shell.exec` is confined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -48,6 +54,11 @@ pub struct SandboxConfig {
     pub bwrap: Option<PathBuf>,
     /// Extra absolute paths commands may read (bound read-only at the same place).
     pub read_paths: Vec<PathBuf>,
+    /// The resource limits of every sandbox.
+    pub limits: SandboxLimits,
+    /// The directory of util-linux's `setpriv` and `prlimit`; `None` looks on PATH, then in
+    /// /usr/bin.
+    pub util_linux: Option<PathBuf>,
 }
 
 /// Top-level system directories bound read-only (or recreated as the same symlink when they
@@ -89,7 +100,14 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct Sandbox {
     config: SandboxConfig,
-    ready: Arc<OnceCell<Result<PathBuf, String>>>,
+    ready: Arc<OnceCell<Result<Ready, String>>>,
+}
+
+/// What the probe found working.
+#[derive(Debug, Clone)]
+struct Ready {
+    bwrap: PathBuf,
+    launcher: Launcher,
 }
 
 /// A command ready to spawn; stdio, environment and the rest are the caller's.
@@ -135,6 +153,10 @@ impl Sandbox {
 
     /// The bwrap binary once it is known to work here, or why commands must not run.
     pub async fn check(&self) -> Result<PathBuf, String> {
+        self.ready().await.map(|ready| ready.bwrap)
+    }
+
+    async fn ready(&self) -> Result<Ready, String> {
         self.ready
             .get_or_init(|| async { probe(&self.config).await })
             .await
@@ -149,7 +171,7 @@ impl Sandbox {
         }
         match self.check().await {
             Ok(bwrap) => format!(
-                "bubblewrap ({}): writes only in {}, reads only it and the system paths{}, private /tmp and /proc, network {}",
+                "bubblewrap ({}): writes only in {}, reads only it and the system paths{}, private /tmp and /proc, {}, network {}",
                 bwrap.display(),
                 work_dir.display(),
                 if self.config.read_paths.is_empty() {
@@ -165,6 +187,7 @@ impl Sandbox {
                             .join(", ")
                     )
                 },
+                self.config.limits.describe(),
                 if network { "on (skill.toml)" } else { "off" }
             ),
             Err(reason) => format!("UNAVAILABLE: {}", refusal(&reason)),
@@ -186,20 +209,18 @@ impl Sandbox {
                 confined: false,
             });
         }
-        let bwrap = self.check().await.map_err(|reason| refusal(&reason))?;
+        let ready = self.ready().await.map_err(|reason| refusal(&reason))?;
         if work_dir.parent().is_none() {
             return Err(format!(
                 "shell.exec refuses to run with the work directory `{}`: the sandbox would let commands write the whole file system. Set [tools] work_dir in skill.toml or --work-dir to a project directory",
                 work_dir.display()
             ));
         }
-        let mut command = tokio::process::Command::new(bwrap);
+        let mut command = ready.launcher.command(&ready.bwrap);
         command
             .args(bwrap_args(Some(work_dir), network, &self.config.read_paths))
             .arg("--")
-            .arg("/bin/sh")
-            .arg("-c")
-            .arg(script);
+            .args(ready.launcher.inside(&self.config.limits, script));
         Ok(Launch {
             command,
             confined: true,
@@ -210,7 +231,7 @@ impl Sandbox {
 /// The refusal shown as the tool's error when the sandbox is unusable.
 fn refusal(reason: &str) -> String {
     format!(
-        "shell.exec refuses to run without its sandbox: {reason}. Install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`) on a kernel that allows unprivileged user namespaces, or set `sandbox = \"off\"` under [tools] in skillstate.toml to run commands unconfined, knowingly"
+        "shell.exec refuses to run without its sandbox: {reason}. Install bubblewrap and util-linux (Debian/Ubuntu: `apt-get install bubblewrap util-linux`) on a kernel that allows unprivileged user namespaces, or set `sandbox = \"off\"` under [tools] in skillstate.toml to run commands unconfined, knowingly"
     )
 }
 
@@ -287,8 +308,9 @@ fn bwrap_args(work_dir: Option<&Path>, network: bool, read_paths: &[PathBuf]) ->
     args
 }
 
-/// Finds bwrap and runs `true` in a sandbox built like the real ones.
-async fn probe(config: &SandboxConfig) -> Result<PathBuf, String> {
+/// Finds bwrap and util-linux's tools and runs `exit 0` in a sandbox launched like the real
+/// ones.
+async fn probe(config: &SandboxConfig) -> Result<Ready, String> {
     for path in &config.read_paths {
         if !path.is_absolute() {
             return Err(format!(
@@ -304,15 +326,37 @@ async fn probe(config: &SandboxConfig) -> Result<PathBuf, String> {
         }
     }
     let bwrap = locate(config.bwrap.as_deref())?;
-    let run = tokio::process::Command::new(&bwrap)
+    if std::fs::metadata(&bwrap).is_ok_and(|meta| meta.permissions().mode() & 0o6000 != 0) {
+        return Err(format!(
+            "{} is setuid or setgid: starting it clears the signal that kills a sandbox when the runtime dies. Use an unprivileged bubblewrap (Debian's package installs one)",
+            bwrap.display()
+        ));
+    }
+    let launcher = Launcher::locate(config.util_linux.as_deref())?;
+    let seen_inside = SYSTEM_DIRS
+        .iter()
+        .map(Path::new)
+        .chain(config.read_paths.iter().map(PathBuf::as_path))
+        .any(|dir| launcher.prlimit().starts_with(dir));
+    if !seen_inside {
+        return Err(format!(
+            "{} is outside the system paths a sandbox sees ({}); it runs inside the sandbox to set its limits: add its directory to sandbox_read_paths",
+            launcher.prlimit().display(),
+            SYSTEM_DIRS.join(", ")
+        ));
+    }
+    let mut command = launcher.command(&bwrap);
+    command
         .args(bwrap_args(None, false, &config.read_paths))
-        .args(["--", "/bin/sh", "-c", "exit 0"])
+        .arg("--")
+        .args(launcher.inside(&config.limits, "exit 0"))
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
+        .process_group(0)
+        .kill_on_drop(true);
+    let run = async { super::spawner::spawn(command).await?.wait_with_output().await };
     let output = match tokio::time::timeout(PROBE_TIMEOUT, run).await {
         Ok(Ok(output)) => output,
         Ok(Err(error)) => return Err(format!("cannot start {}: {error}", bwrap.display())),
@@ -325,7 +369,7 @@ async fn probe(config: &SandboxConfig) -> Result<PathBuf, String> {
         }
     };
     if output.status.success() {
-        return Ok(bwrap);
+        return Ok(Ready { bwrap, launcher });
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
     let said: String = stderr.trim().chars().take(400).collect();

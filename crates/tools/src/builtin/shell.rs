@@ -251,10 +251,10 @@ impl Tool for ShellTool {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        if !launch.confined {
-            // Its own process group, so that a timeout kills what it started in it too.
-            process.process_group(0);
-        }
+        // Its own process group: a Ctrl-C at the runtime's terminal (sent to the terminal's
+        // foreground group) does not reach it, so a draining worker lets it finish; and unconfined,
+        // a timeout kills the group, with what it started in it.
+        process.process_group(0);
         // bwrap and the sandbox get nothing but the allowed variables.
         for name in &self.settings.env_allow {
             match std::env::var(name) {
@@ -264,8 +264,8 @@ impl Tool for ShellTool {
                 _ => {}
             }
         }
-        let child = process
-            .spawn()
+        let child = super::spawner::spawn(process)
+            .await
             .map_err(|e| failed(format!("cannot start the shell: {e}")))?;
         let timeout = self.timeout();
         let ended = run_bounded(
