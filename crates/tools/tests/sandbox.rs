@@ -11,7 +11,7 @@ mod processes;
 
 use processes::survivors;
 use std::net::TcpListener;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -19,12 +19,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use skillstate_core::secrets::Redactor;
-use skillstate_tools::builtin::{Sandbox, ShellSettings, ShellTool, WorkDir};
+use skillstate_tools::builtin::{
+    Sandbox, SandboxConfig, SandboxLimits, ShellSettings, ShellTool, WorkDir,
+};
 use skillstate_tools::{CallContext, Tool, ToolError, ToolOutput};
 
 const CHILD_MODE: &str = "SKILLSTATE_SANDBOX_TEST_CHILD";
 const CHILD_WORK: &str = "SKILLSTATE_SANDBOX_TEST_WORK";
 const CHILD_MARKER: &str = "SKILLSTATE_SANDBOX_TEST_MARKER";
+/// The process limit of the fork bomb's sandbox.
+const BOMB_LIMIT: u64 = 32;
 /// Longest a test waits for killed processes to disappear (a bound, not a measurement).
 const GONE_WITHIN: Duration = Duration::from_secs(20);
 
@@ -91,9 +95,47 @@ fn survivors_after_a_while(marker: &str) -> Vec<String> {
     }
 }
 
+/// Kills what a failed test left running (its sleepers would otherwise run for centuries).
+fn kill_survivors(marker: &str) {
+    for survivor in survivors(marker) {
+        if let Some(pid) = survivor.split(':').next() {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+        }
+    }
+}
+
+fn limited(work: &Path, settings: ShellSettings, limits: SandboxLimits) -> ShellTool {
+    ShellTool::with_sandbox(
+        &WorkDir::new(work).unwrap(),
+        settings,
+        Sandbox::new(SandboxConfig {
+            limits,
+            ..SandboxConfig::default()
+        }),
+    )
+}
+
 /// Runs this test binary again as a child in `mode`; returns the child process.
 fn spawn_child(mode: &str, work: &Path, marker: &str, secret: Option<&str>) -> std::process::Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    child_command(
+        Command::new(std::env::current_exe().unwrap()),
+        mode,
+        work,
+        marker,
+        secret,
+    )
+    .spawn()
+    .unwrap()
+}
+
+/// `command` (this test binary, or a launcher of it) set up to run the child in `mode`.
+fn child_command(
+    mut command: Command,
+    mode: &str,
+    work: &Path,
+    marker: &str,
+    secret: Option<&str>,
+) -> Command {
     command
         .args(["child_process_entry", "--exact", "--ignored", "--nocapture"])
         .env(CHILD_MODE, mode)
@@ -108,7 +150,7 @@ fn spawn_child(mode: &str, work: &Path, marker: &str, secret: Option<&str>) -> s
             .env("SKILLSTATE_TEST_SECRET", secret)
             .env("SKILLSTATE_TEST_PLAIN", "plain-value-4711");
     }
-    command.spawn().unwrap()
+    command
 }
 
 /// The child side: `secrets` prints what hostile commands can see; `sigkill` starts detached
@@ -155,6 +197,28 @@ async fn child_process_entry() {
             println!("=== withheld {:?}", hostile.withheld_variables());
             let out = run(&hostile, "env; cat /proc/1/environ").await;
             println!("=== env_allow\n{}", out.text);
+        }
+        "start" => {
+            // The sandbox is probed first, so that the kill lands around the start of bwrap.
+            let shell = sandboxed(&work, settings(600, false));
+            let warm = run(&shell, "true").await;
+            assert!(warm.ok, "{}", warm.text);
+            println!("ready");
+            let out = run(&shell, &format!("sleep {marker}")).await;
+            panic!("the parent should have killed this process: {}", out.text);
+        }
+        "forkbomb" => {
+            let limits = SandboxLimits {
+                max_processes: BOMB_LIMIT,
+                ..SandboxLimits::default()
+            };
+            let shell = limited(&work, settings(4, false), limits);
+            // The shell, PID 1, stays: its exit would end the namespace, bomb and all.
+            let bomb = format!("bash -c ':(){{ :|:& }};:' {marker}; sleep 60");
+            let out = run(&shell, &bomb).await;
+            println!("=== bomb\n{}", out.text);
+            let after = run(&shell, "echo still-usable").await;
+            println!("=== after\n{}", after.text);
         }
         "sigkill" => {
             let shell = sandboxed(&work, settings(600, false));
@@ -467,4 +531,191 @@ async fn sandbox_off_runs_unconfined_with_a_cleared_environment() {
     let out = run(&shell, &format!("sleep {m} & echo started")).await;
     assert!(out.ok && out.text.contains("started"), "{}", out.text);
     assert_eq!(survivors_after_a_while(&m), Vec::<String>::new());
+}
+
+/// SIGKILL at many moments around the start of bwrap — before its `--die-with-parent` is
+/// armed, while it sets up the namespaces, once the command runs: nothing of the sandbox
+/// survives any of them (the launch chain's parent-death signal and parent check).
+#[test]
+fn a_runtime_killed_while_its_sandbox_starts_leaves_no_process_behind() {
+    use std::io::BufRead;
+    let f = fixture();
+    let mut running_at_kill = 0;
+    for attempt in 0..20u64 {
+        let m = marker();
+        let mut child = spawn_child("start", &f.work, &m, None);
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = lines.any(|line| line.is_ok_and(|l| l == "ready"));
+        assert!(ready, "the child never got ready: {:?}", child.wait());
+        std::thread::sleep(Duration::from_micros(attempt * 750));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        running_at_kill += usize::from(!survivors(&m).is_empty());
+        let left = survivors_after_a_while(&m);
+        kill_survivors(&m);
+        assert_eq!(
+            left,
+            Vec::<String>::new(),
+            "kill {attempt} (after {} µs)",
+            attempt * 750
+        );
+    }
+    eprintln!("{running_at_kill} of 20 kills found part of the sandbox started");
+}
+
+/// Unconfined (`sandbox = "off"`), a timeout still kills the command's whole process group,
+/// background jobs included.
+#[tokio::test]
+async fn sandbox_off_a_timeout_kills_the_whole_process_group() {
+    let f = fixture();
+    let shell = ShellTool::with_sandbox(
+        &WorkDir::new(&f.work).unwrap(),
+        settings(1, false),
+        Sandbox::off(),
+    );
+    let m = marker();
+    let _cleanup = kill_survivors_later(&m);
+    let out = run(
+        &shell,
+        &format!("sleep {m} & sleep {m} & echo before; sleep {m}"),
+    )
+    .await;
+    assert!(
+        !out.ok && out.text.starts_with("timed out after 1 s and was killed"),
+        "{}",
+        out.text
+    );
+    assert!(out.text.contains("before"), "{}", out.text);
+    assert_eq!(survivors_after_a_while(&m), Vec::<String>::new());
+}
+
+/// Kills leftovers of its marker when the test ends, whether it passed or not.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        kill_survivors(&self.0);
+    }
+}
+
+fn kill_survivors_later(marker: &str) -> Cleanup {
+    Cleanup(marker.to_owned())
+}
+
+/// A fork bomb in a sandbox of 32 processes: its forks fail, the number of its processes never
+/// passes the limit while the host goes on starting processes, the timeout ends it, and the
+/// next command runs. The kernel does not enforce the process limit for uid 0, so a test run
+/// as root runs the runtime (a child of this test) as `nobody`.
+#[test]
+fn a_fork_bomb_stays_under_the_process_limit() {
+    let f = fixture();
+    for dir in [f.tmp.path(), f.work.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let m = marker();
+    let _cleanup = kill_survivors_later(&m);
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let launcher = if root {
+        let mut setpriv = Command::new("setpriv");
+        setpriv
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(std::env::current_exe().unwrap());
+        setpriv
+    } else {
+        Command::new(std::env::current_exe().unwrap())
+    };
+    let mut child = child_command(launcher, "forkbomb", &f.work, &m, None)
+        .spawn()
+        .unwrap();
+    let mut most = 0;
+    let mut host_spawns = 0;
+    while child.try_wait().unwrap().is_none() {
+        most = most.max(survivors(&m).len());
+        // The host still starts processes while the bomb runs.
+        if Command::new("true").status().unwrap().success() {
+            host_spawns += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("timed out after 4 s and was killed, with every process it started"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Resource temporarily unavailable"),
+        "the bomb's forks failed: {stdout}"
+    );
+    assert!(
+        stdout.contains("=== after\nexit code 0\n--- stdout ---\nstill-usable"),
+        "{stdout}"
+    );
+    // The limit counts the sandbox's processes; bwrap's outer process is the host's.
+    let limit = BOMB_LIMIT as usize + 1;
+    assert!(
+        most <= limit,
+        "{most} processes of the bomb at once, over the limit {limit}"
+    );
+    assert!(
+        most >= limit / 2,
+        "the bomb ran: at most {most} processes seen"
+    );
+    assert!(host_spawns > 0);
+    assert_eq!(survivors_after_a_while(&m), Vec::<String>::new());
+    eprintln!(
+        "fork bomb: at most {most} processes (limit {BOMB_LIMIT}), {host_spawns} host processes started meanwhile"
+    );
+}
+
+/// The per-process limits: a memory hog fails at its address-space limit (and succeeds under a
+/// larger one), a file stops growing at the file-size limit, a busy loop is killed at its CPU
+/// limit; no core file is written.
+#[tokio::test]
+async fn memory_file_size_and_cpu_are_bounded() {
+    let f = fixture();
+    let hog = "awk 'BEGIN { s = sprintf(\"%200000000s\", \"\"); print \"built\", length(s) }'; echo \"hog: $?\"";
+    let small = SandboxLimits {
+        memory_bytes: 128 << 20,
+        max_file_bytes: 1 << 20,
+        cpu_secs: 1,
+        ..SandboxLimits::default()
+    };
+    let shell = limited(&f.work, settings(60, false), small);
+    let out = run(&shell, hog).await;
+    assert!(
+        !out.text.contains("built 200000000") && !out.text.contains("hog: 0"),
+        "{}",
+        out.text
+    );
+    let roomy = SandboxLimits {
+        memory_bytes: 1 << 30,
+        ..SandboxLimits::default()
+    };
+    let out = run(&limited(&f.work, settings(60, false), roomy), hog).await;
+    assert!(out.text.contains("built 200000000"), "{}", out.text);
+
+    let out = run(
+        &shell,
+        "head -c 3000000 /dev/zero > big; echo \"head: $?\"; wc -c < big",
+    )
+    .await;
+    assert!(out.text.contains("head: 153"), "SIGXFSZ: {}", out.text);
+    assert_eq!(
+        std::fs::metadata(f.work.join("big")).unwrap().len(),
+        1 << 20
+    );
+
+    let out = run(&shell, "sh -c 'while :; do :; done'; echo \"loop: $?\"").await;
+    assert!(
+        out.ok && (out.text.contains("loop: 137") || out.text.contains("loop: 152")),
+        "SIGKILL or SIGXCPU: {}",
+        out.text
+    );
+    assert!(!f.work.join("core").exists());
 }

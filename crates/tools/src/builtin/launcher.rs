@@ -1,43 +1,55 @@
-//! How bwrap is started so that the sandbox can never outlive the runtime.
+//! How a sandbox is started so that it can never outlive the runtime.
 //!
-//! bwrap's `--die-with-parent` arms itself only once bwrap runs: a runtime killed between the
-//! fork and that moment would leave a sandbox with no parent and no timeout. So the chain is
+//! bwrap's `--die-with-parent` arms a parent-death signal twice: in bwrap itself, after it
+//! has forked the sandbox's first process, and in that process just before it runs the
+//! command. A runtime killed before the first leaves an orphaned bwrap; a bwrap killed before
+//! the second leaves an orphaned sandbox; either would run the command with no timeout.
+//! (A parent-death signal armed before bwrap starts, with util-linux `setpriv`, reaches bwrap
+//! but not the process it forks, and makes the second window wider: measured.) So the command
+//! does not start until the runtime has seen both armed:
 //!
 //! ```text
-//! setpriv --pdeathsig KILL -- /bin/sh -c '[ "$PPID" = "$1" ] || exit 125; shift; exec "$@"' \
-//!     skillstate-sandbox <runtime pid> bwrap … -- prlimit <limits> -- /bin/sh -c <command>
+//! bwrap … -- /bin/sh -c 'echo <ARMED>; read -r go && [ "$go" = go ] || exit 125; exec "$@"' \
+//!     skillstate-sandbox prlimit <limits> -- /bin/sh -c <command>
 //! ```
 //!
-//! util-linux `setpriv` sets the parent-death signal of the new process before anything else
-//! and keeps it across `exec` (bwrap is not setuid: the probe refuses one, whose `exec` would
-//! clear it). The host's `/bin/sh` then checks that its parent is still the runtime: if the
-//! runtime died before the signal was armed, the process has been handed to another parent
-//! and exits at once; if it dies after, the signal kills it. Either way nothing runs without
-//! the runtime. The signal is sent when the *thread* that forked the process ends, which is
-//! why every command is spawned from the thread of `spawner.rs`, which never ends.
+//! The sandbox's first process, its signal armed, prints a token on standard output; the
+//! runtime reads it, checks that bwrap — its own child, not yet reaped — is still alive (so
+//! it was alive when the sandbox armed its signal, which therefore follows bwrap), and only
+//! then writes `go` and closes the command's standard input. A runtime that dies before that
+//! closes the pipe: the sandbox reads end of file and exits, taking its namespace with it.
+//! bwrap arms its own signal relative to the thread that forked it, which is why every command
+//! is spawned from the thread of `spawner.rs`, which never ends.
 //!
-//! `prlimit` runs inside the sandbox, as the command of bwrap's PID 1, so that the process
-//! limit counts the sandbox's own user namespace (`rlimits.rs`).
+//! `prlimit` runs inside the sandbox, as the command of its PID 1, so that the process limit
+//! counts the sandbox's own user namespace (`rlimits.rs`).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// The parent check, run by the host's `/bin/sh` between setpriv and bwrap.
-const PARENT_CHECK: &str = r#"[ "$PPID" = "$1" ] || exit 125; shift; exec "$@""#;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdout};
 
-/// util-linux's `setpriv` and `prlimit`, found once by the sandbox's probe.
+use super::rlimits::SandboxLimits;
+
+/// What the sandbox's first process prints once its parent-death signal is armed.
+const ARMED: &str = "skillstate-sandbox-armed\n";
+
+/// The sandbox's first process: tells the runtime it is armed, runs the command only on `go`.
+const GUARD: &str =
+    r#"echo skillstate-sandbox-armed; read -r go && [ "$go" = go ] || exit 125; exec "$@""#;
+
+/// util-linux's `prlimit`, found once by the sandbox's probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Launcher {
-    setpriv: PathBuf,
     prlimit: PathBuf,
 }
 
 impl Launcher {
-    /// Finds the tools in `dir` when given, else in the absolute directories of PATH, then in
+    /// Finds `prlimit` in `dir` when given, else in the absolute directories of PATH, then in
     /// /usr/bin.
     pub(crate) fn locate(dir: Option<&Path>) -> Result<Self, String> {
         Ok(Self {
-            setpriv: locate_tool("setpriv", dir)?,
             prlimit: locate_tool("prlimit", dir)?,
         })
     }
@@ -47,43 +59,49 @@ impl Launcher {
         &self.prlimit
     }
 
-    /// The chain's program and its arguments up to (not including) bwrap.
-    pub(crate) fn command(&self, bwrap: &Path) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(&self.setpriv);
-        command
-            .args(["--pdeathsig", "KILL", "--", "/bin/sh", "-c", PARENT_CHECK])
-            .arg("skillstate-sandbox")
-            .arg(std::process::id().to_string())
-            .arg(bwrap);
-        command
-    }
-
-    /// What follows bwrap's `--`: prlimit with `limits`, then `sh -c script`.
-    pub(crate) fn inside(
-        &self,
-        limits: &super::rlimits::SandboxLimits,
-        script: &str,
-    ) -> Vec<OsString> {
-        let mut args = vec![self.prlimit.clone().into_os_string()];
+    /// What follows bwrap's `--`: the guard, prlimit with `limits`, then `sh -c script`.
+    pub(crate) fn inside(&self, limits: &SandboxLimits, script: &str) -> Vec<OsString> {
+        let mut args: Vec<OsString> = ["/bin/sh", "-c", GUARD, "skillstate-sandbox"]
+            .map(OsString::from)
+            .into();
+        args.push(self.prlimit.clone().into_os_string());
         args.extend(limits.prlimit_args());
         args.extend(["/bin/sh", "-c", script].map(OsString::from));
         args
     }
 }
 
+/// Lets a launched sandbox run its command once its first process is armed and bwrap is still
+/// alive; otherwise closes its standard input, so that it exits without running anything.
+/// Returns why the command was not let run (bwrap's own errors are on its stderr).
+pub(crate) async fn release(child: &mut Child, stdout: &mut ChildStdout) -> Result<(), String> {
+    let stdin = child.stdin.take();
+    let mut token = [0u8; ARMED.len()];
+    if stdout.read_exact(&mut token).await.is_err() || token != ARMED.as_bytes() {
+        return Err("the sandbox did not start".into());
+    }
+    match child.try_wait() {
+        Ok(None) => {}
+        _ => return Err("bubblewrap ended while the sandbox started".into()),
+    }
+    let mut stdin = stdin.ok_or("the sandbox has no standard input")?;
+    stdin
+        .write_all(b"go\n")
+        .await
+        .map_err(|e| format!("cannot start the sandboxed command: {e}"))?;
+    // Dropped: the command reads end of file on its standard input, as from /dev/null.
+    Ok(())
+}
+
 fn locate_tool(name: &str, dir: Option<&Path>) -> Result<PathBuf, String> {
-    let install = "Debian/Ubuntu: `apt-get install util-linux`";
-    let why = match name {
-        "setpriv" => "it makes every sandbox die with the runtime",
-        _ => "it sets the sandbox's resource limits",
-    };
+    let why = "it sets the sandbox's resource limits; Debian/Ubuntu: `apt-get install util-linux`";
     if let Some(dir) = dir {
         let path = dir.join(name);
         return if path.is_file() {
             Ok(path)
         } else {
             Err(format!(
-                "util-linux `{name}` is not at {} ({why}; {install})",
+                "util-linux `{name}` is not at {} ({why})",
                 path.display()
             ))
         };
@@ -96,7 +114,7 @@ fn locate_tool(name: &str, dir: Option<&Path>) -> Result<PathBuf, String> {
         .find(|candidate| candidate.is_file())
         .ok_or_else(|| {
             format!(
-                "util-linux `{name}` is not installed: not found on PATH nor in /usr/bin ({why}; {install})"
+                "util-linux `{name}` is not installed: not found on PATH nor in /usr/bin ({why})"
             )
         })
 }
@@ -106,50 +124,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_missing_tool_is_named_with_its_purpose_and_package() {
+    fn a_missing_prlimit_is_named_with_its_purpose_and_package() {
         let empty = tempfile::tempdir().unwrap();
         let error = Launcher::locate(Some(empty.path())).unwrap_err();
         assert!(
-            error.contains("`setpriv` is not at")
-                && error.contains("die with the runtime")
+            error.contains("`prlimit` is not at")
+                && error.contains("resource limits")
                 && error.contains("apt-get install util-linux"),
-            "{error}"
-        );
-        std::fs::write(empty.path().join("setpriv"), "").unwrap();
-        let error = Launcher::locate(Some(empty.path())).unwrap_err();
-        assert!(
-            error.contains("`prlimit` is not at") && error.contains("resource limits"),
             "{error}"
         );
     }
 
     #[test]
-    fn the_chain_arms_the_signal_then_checks_the_parent_then_runs_bwrap() {
+    fn the_guard_announces_itself_then_waits_for_go_then_runs_prlimit_and_the_command() {
         let launcher = Launcher {
-            setpriv: "/usr/bin/setpriv".into(),
             prlimit: "/usr/bin/prlimit".into(),
         };
-        let command = launcher.command(Path::new("/usr/bin/bwrap"));
-        let std = command.as_std();
-        assert_eq!(std.get_program(), "/usr/bin/setpriv");
-        let args: Vec<String> = std
-            .get_args()
+        let args: Vec<String> = launcher
+            .inside(&SandboxLimits::default(), "echo hi")
+            .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let pid = std::process::id().to_string();
         assert_eq!(
-            args,
+            &args[..5],
             [
-                "--pdeathsig",
-                "KILL",
-                "--",
                 "/bin/sh",
                 "-c",
-                PARENT_CHECK,
+                GUARD,
                 "skillstate-sandbox",
-                &pid,
-                "/usr/bin/bwrap"
+                "/usr/bin/prlimit"
             ]
         );
+        assert_eq!(&args[args.len() - 4..], ["--", "/bin/sh", "-c", "echo hi"]);
+        assert!(GUARD.starts_with(&format!("echo {}", ARMED.trim_end())));
     }
 }

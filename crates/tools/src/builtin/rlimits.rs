@@ -71,7 +71,12 @@ impl Default for SandboxLimits {
 
 /// `4 GiB`, `512 MiB`, `1000 bytes`: exact, in the largest binary unit that divides it.
 fn bytes(n: u64) -> String {
-    for (unit, size) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+    for (unit, size) in [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ] {
         if n >= size && n % size == 0 {
             return format!("{} {unit}", n / size);
         }

@@ -12,16 +12,15 @@
 //! bwrap only returns once the shell is reaped — which the kernel allows only after every
 //! other process of the namespace is gone. (With bwrap's own init as PID 1, bwrap returned
 //! as soon as the shell exited, while the rest was still being killed.) `--die-with-parent`
-//! kills the shell, and so the namespace, when the runtime kills bwrap (timeout); the launch
-//! chain of `launcher.rs` kills bwrap when the runtime dies, even before bwrap runs. The
-//! command runs under the operator's resource limits (`rlimits.rs`), in a process group of its
-//! own (a Ctrl-C meant for the runtime does not reach it).
+//! kills the shell, and so the namespace, when the runtime kills bwrap (timeout) or dies; the
+//! command starts only once both of bwrap's parent-death signals are armed (`launcher.rs`).
+//! It runs under the operator's resource limits (`rlimits.rs`), in a process group of its own
+//! (a Ctrl-C meant for the runtime does not reach it).
 //!
 //! bwrap is started with an empty environment plus the skill's `env_allow` variables, which
 //! is all the sandbox can read at /proc/1/environ.
 
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -56,8 +55,7 @@ pub struct SandboxConfig {
     pub read_paths: Vec<PathBuf>,
     /// The resource limits of every sandbox.
     pub limits: SandboxLimits,
-    /// The directory of util-linux's `setpriv` and `prlimit`; `None` looks on PATH, then in
-    /// /usr/bin.
+    /// The directory of util-linux's `prlimit`; `None` looks on PATH, then in /usr/bin.
     pub util_linux: Option<PathBuf>,
 }
 
@@ -216,7 +214,7 @@ impl Sandbox {
                 work_dir.display()
             ));
         }
-        let mut command = ready.launcher.command(&ready.bwrap);
+        let mut command = tokio::process::Command::new(&ready.bwrap);
         command
             .args(bwrap_args(Some(work_dir), network, &self.config.read_paths))
             .arg("--")
@@ -326,12 +324,6 @@ async fn probe(config: &SandboxConfig) -> Result<Ready, String> {
         }
     }
     let bwrap = locate(config.bwrap.as_deref())?;
-    if std::fs::metadata(&bwrap).is_ok_and(|meta| meta.permissions().mode() & 0o6000 != 0) {
-        return Err(format!(
-            "{} is setuid or setgid: starting it clears the signal that kills a sandbox when the runtime dies. Use an unprivileged bubblewrap (Debian's package installs one)",
-            bwrap.display()
-        ));
-    }
     let launcher = Launcher::locate(config.util_linux.as_deref())?;
     let seen_inside = SYSTEM_DIRS
         .iter()
@@ -345,18 +337,25 @@ async fn probe(config: &SandboxConfig) -> Result<Ready, String> {
             SYSTEM_DIRS.join(", ")
         ));
     }
-    let mut command = launcher.command(&bwrap);
+    let mut command = tokio::process::Command::new(&bwrap);
     command
         .args(bwrap_args(None, false, &config.read_paths))
         .arg("--")
         .args(launcher.inside(&config.limits, "exit 0"))
         .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let run = async { super::spawner::spawn(command).await?.wait_with_output().await };
+    let run = async {
+        let mut child = super::spawner::spawn(command).await?;
+        if let Some(mut stdout) = child.stdout.take() {
+            // Refused: the sandbox exits; its status and stderr say why.
+            let _ = super::launcher::release(&mut child, &mut stdout).await;
+        }
+        child.wait_with_output().await
+    };
     let output = match tokio::time::timeout(PROBE_TIMEOUT, run).await {
         Ok(Ok(output)) => output,
         Ok(Err(error)) => return Err(format!("cannot start {}: {error}", bwrap.display())),

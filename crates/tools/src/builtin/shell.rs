@@ -154,6 +154,8 @@ impl Captured {
 /// How a run ended.
 struct Ended {
     status: Option<ExitStatus>,
+    /// Why a sandbox did not let its command start.
+    not_started: Option<String>,
     timed_out: bool,
     stdout: Captured,
     stderr: Captured,
@@ -181,8 +183,13 @@ async fn run_bounded(mut child: Child, cap: usize, timeout: Duration, confined: 
     let mut out = Captured::new(cap);
     let mut err = Captured::new(cap);
     let mut status = None;
+    let mut not_started = None;
     let deadline = Instant::now() + timeout;
     let finished = tokio::time::timeout_at(deadline, async {
+        if confined && let Some(out) = stdout.as_mut() {
+            // The command starts only once the sandbox is sure to die with bwrap.
+            not_started = super::launcher::release(&mut child, out).await.err();
+        }
         let wait = async {
             status = child.wait().await.ok();
             if !confined {
@@ -196,8 +203,9 @@ async fn run_bounded(mut child: Child, cap: usize, timeout: Duration, confined: 
     .is_ok();
     if !finished {
         // Under bwrap, killing it kills the shell, PID 1 of the sandbox (`--die-with-parent`),
-        // which ends the whole PID namespace.
-        if !confined {
+        // which ends the whole PID namespace; the group also holds a sandbox still being set
+        // up. (Only while bwrap is not reaped: its pid, the group's id, cannot be reused.)
+        if !confined || status.is_none() {
             kill_group(pid).await;
         }
         let _ = child.start_kill();
@@ -212,6 +220,7 @@ async fn run_bounded(mut child: Child, cap: usize, timeout: Duration, confined: 
     }
     Ended {
         status,
+        not_started,
         timed_out: !finished,
         stdout: out,
         stderr: err,
@@ -247,7 +256,13 @@ impl Tool for ShellTool {
         let mut process = launch.command;
         process
             .env_clear()
-            .stdin(Stdio::null())
+            // Confined, the sandbox's first process reads `go` here (`launcher.rs`), then the
+            // command reads end of file.
+            .stdin(if launch.confined {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -277,6 +292,13 @@ impl Tool for ShellTool {
         .await;
         let seconds = timeout.as_secs();
         let (head, ok) = match (ended.status, ended.timed_out) {
+            _ if ended.not_started.is_some() => (
+                format!(
+                    "not run: {}",
+                    ended.not_started.as_deref().unwrap_or_default()
+                ),
+                false,
+            ),
             (None, true) if launch.confined => (
                 format!(
                     "timed out after {seconds} s and was killed, with every process it started"
