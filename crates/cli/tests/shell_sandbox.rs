@@ -7,11 +7,15 @@
 
 mod common;
 
+#[path = "batch_support/mod.rs"]
+mod batch_support;
+
 #[path = "../../../test-support/processes.rs"]
 mod processes;
 
 use processes::survivors;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -423,4 +427,83 @@ fn a_non_dumpable_runtime_hides_its_environment_even_from_unconfined_commands() 
     assert!(observation.contains("Permission denied"), "{observation}");
     assert!(!observation.contains(&secret), "{observation}");
     assert!(!contains(&database_bytes(&db), &secret));
+}
+
+/// Ctrl-C at a worker's terminal — SIGINT to the worker's whole process group — drains it: the
+/// sandboxed command it is running is in a process group of its own, so it is not interrupted;
+/// it finishes, its result is recorded, and the worker exits 0 after the drain.
+#[test]
+fn ctrl_c_drains_a_worker_and_its_running_command_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let skill = shell_skill(dir, "timeout_secs = 120");
+    // A sleep of about 3 s whose argument marks its processes.
+    let marker = format!("3.{}42", std::process::id());
+    let model = script(dir, &[&format!("sleep {marker}; echo finished-after-ctrl-c")]);
+    std::fs::write(dir.join("inputs.jsonl"), "{\"input\": \"Run it.\"}\n").unwrap();
+    std::fs::write(
+        dir.join("batch.yaml"),
+        format!(
+            "skill: {}\nmodel: {model}\ninputs: inputs.jsonl\n",
+            skill.display()
+        ),
+    )
+    .unwrap();
+    let config = dir.join("skillstate.toml");
+    std::fs::write(&config, "").unwrap();
+    let db = dir.join("queue.db");
+    let submit = batch_support::cli(
+        dir,
+        &config,
+        &["--db", db.to_str().unwrap(), "batch", "submit", "batch.yaml"],
+    );
+    batch_support::expect_exit(&submit, 0, "batch submit");
+
+    let log = dir.join("worker.log");
+    let mut worker = Command::new(binary());
+    worker
+        .current_dir(dir)
+        .env_remove("SKILLSTATE_DB")
+        .env("SKILLSTATE_CONFIG", &config)
+        .args(["--db", db.to_str().unwrap(), "worker", "--until-idle"])
+        // Its own process group, as a shell gives a foreground job.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut worker = batch_support::Reaper(vec![worker.spawn().unwrap()]);
+    let start = Instant::now();
+    while survivors(&marker).is_empty() {
+        assert!(
+            worker.0[0].try_wait().unwrap().is_none(),
+            "the worker ended before the command ran: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What a terminal's Ctrl-C does: SIGINT to every process of the foreground group.
+    let group = format!("-{}", worker.0[0].id());
+    let sent = Command::new("kill")
+        .args(["-INT", "--", &group])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = batch_support::wait_exit(
+        &mut worker.0[0],
+        Duration::from_secs(120),
+        "the drained worker",
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("worker: draining"), "{log}");
+    let result = result_of(&db, 1);
+    assert!(
+        result.contains("exit code 0") && result.contains("finished-after-ctrl-c"),
+        "the command ran to its end: {result}\n{log}"
+    );
+    assert!(!result.contains("killed by a signal"), "{result}");
 }
