@@ -213,4 +213,33 @@ mod tests {
         let error = Config::from_toml("[model]\napi_key = \"sk-123\"\n", CONFIG_FILE).unwrap_err();
         assert!(error.starts_with("skillstate.toml:2"), "{error}");
     }
+
+    #[test]
+    fn sandbox_limits_are_on_by_default_and_set_in_tools() {
+        let defaults = Config::from_toml("", CONFIG_FILE).unwrap();
+        assert_eq!(
+            defaults.tools.sandbox_config().limits,
+            SandboxLimits::default()
+        );
+        let config = Config::from_toml(
+            "[tools]\nsandbox_max_processes = 64\nsandbox_memory_bytes = 536870912\nsandbox_max_file_bytes = 1048576\nsandbox_cpu_secs = 5\n",
+            CONFIG_FILE,
+        )
+        .unwrap();
+        assert_eq!(
+            config.tools.sandbox_config().limits,
+            SandboxLimits {
+                max_processes: 64,
+                memory_bytes: 536_870_912,
+                max_file_bytes: 1_048_576,
+                cpu_secs: 5,
+            }
+        );
+        let error =
+            Config::from_toml("[tools]\nsandbox_memory_bytes = 1024\n", CONFIG_FILE).unwrap_err();
+        assert!(
+            error.starts_with("skillstate.toml:2:") && error.contains("from 67108864 to"),
+            "{error}"
+        );
+    }
 }

@@ -270,8 +270,33 @@ fn skillstate_tools_says_how_shell_commands_are_confined() {
                 "writes only in {}",
                 work.canonicalize().unwrap().display()
             ))
+            && line.contains(
+                "at most 256 processes, 4 GiB of address space and 600 CPU s per process, files up to 1 GiB"
+            )
             && line.ends_with("network off"),
         "{line}"
+    );
+
+    let limited = tmp.path().join("limited.toml");
+    std::fs::write(
+        &limited,
+        "[tools]\nsandbox_max_processes = 64\nsandbox_memory_bytes = 536870912\n",
+    )
+    .unwrap();
+    let line = text(&tools_output(&db, Some(&limited), &skill, &work).stdout);
+    assert!(
+        line.contains("at most 64 processes, 512 MiB of address space"),
+        "{line}"
+    );
+    let unbounded = tmp.path().join("unbounded.toml");
+    std::fs::write(&unbounded, "[tools]\nsandbox_max_processes = 2\n").unwrap();
+    let refused = tools_output(&db, Some(&unbounded), &skill, &work);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("unbounded.toml:2:")
+            && text(&refused.stderr).contains("sandbox_max_processes = 2 is out of range"),
+        "{}",
+        text(&refused.stderr)
     );
 
     let networked = shell_skill(&tmp.path().join("net"), "network = true");
@@ -439,7 +464,10 @@ fn ctrl_c_drains_a_worker_and_its_running_command_finishes() {
     let skill = shell_skill(dir, "timeout_secs = 120");
     // A sleep of about 3 s whose argument marks its processes.
     let marker = format!("3.{}42", std::process::id());
-    let model = script(dir, &[&format!("sleep {marker}; echo finished-after-ctrl-c")]);
+    let model = script(
+        dir,
+        &[&format!("sleep {marker}; echo finished-after-ctrl-c")],
+    );
     std::fs::write(dir.join("inputs.jsonl"), "{\"input\": \"Run it.\"}\n").unwrap();
     std::fs::write(
         dir.join("batch.yaml"),
@@ -455,7 +483,13 @@ fn ctrl_c_drains_a_worker_and_its_running_command_finishes() {
     let submit = batch_support::cli(
         dir,
         &config,
-        &["--db", db.to_str().unwrap(), "batch", "submit", "batch.yaml"],
+        &[
+            "--db",
+            db.to_str().unwrap(),
+            "batch",
+            "submit",
+            "batch.yaml",
+        ],
     );
     batch_support::expect_exit(&submit, 0, "batch submit");
 
