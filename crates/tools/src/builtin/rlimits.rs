@@ -77,7 +77,7 @@ fn bytes(n: u64) -> String {
         ("MiB", 1 << 20),
         ("KiB", 1 << 10),
     ] {
-        if n >= size && n % size == 0 {
+        if n >= size && n.is_multiple_of(size) {
             return format!("{} {unit}", n / size);
         }
     }
