@@ -2,10 +2,19 @@
 //! SQLite file, with the scripted demo and with the oracle: the run pauses for confirmation
 //! before saving, nothing reaches the panel until the user approves, a message moves the
 //! publication by changing one field of the state, and afterwards the old date is nowhere in
-//! the prompt.
+//! the prompt. A user's message comes first in every order it can arrive in — with the
+//! request, with the approval, instead of the approval, after the post was scheduled — and
+//! each test checks what the panel holds at the end (the post's time, whether it is
+//! scheduled, which approvals were asked for and which ran), not only the task's status.
+//! The same orders through the service are in `post_scheduler/service.rs`; the README's
+//! walk-through, with its printed output, in `post_scheduler/walk_through.rs`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "post_scheduler/service.rs"]
+mod service;
+#[path = "post_scheduler/walk_through.rs"]
+mod walk_through;
 
 use std::path::Path;
 
@@ -38,12 +47,34 @@ fn ok(db: &Path, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// One request for approval the agent made: the tool, the publication time it carried and
+/// what became of it (`Some(true)`: it ran; `Some(false)`: it did not run, or failed; `None`:
+/// it still waits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Asked {
+    tool: String,
+    publish_at: String,
+    ok: Option<bool>,
+}
+
+fn asked(tool: &str, publish_at: &str, ok: Option<bool>) -> Asked {
+    Asked {
+        tool: tool.into(),
+        publish_at: publish_at.into(),
+        ok,
+    }
+}
+
 struct Seen {
     status: TaskStatus,
     version: u64,
     state: Value,
     /// The posts the agent saved or rescheduled, as the panel stores them.
     saved: Vec<Value>,
+    /// Saves and schedules the panel carried out.
+    changes: u64,
+    /// Every save and schedule the agent asked the user to approve, in order.
+    asked: Vec<Asked>,
 }
 
 /// The task as stored, and the panel's posts from the environment checkpoint stored with it.
@@ -62,13 +93,104 @@ fn look(db: &Path, id: &str) -> Seen {
             .filter(|p| p["touched"] == true)
             .cloned()
             .collect();
+        let asked = store
+            .intents(id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|i| i.tool == "save_post" || i.tool == "schedule_post")
+            .map(|i| {
+                let at = i.args["publishAt"]
+                    .as_str()
+                    .or_else(|| i.args["values"]["publishAt"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                Asked {
+                    tool: i.tool,
+                    publish_at: at,
+                    ok: i.ok,
+                }
+            })
+            .collect();
         Seen {
             status: task.status,
             version: task.version,
             state: task.state,
             saved,
+            changes: checkpoint["changes"].as_u64().unwrap(),
+            asked,
         }
     })
+}
+
+/// The task paused for the user's approval of `wanted`, with nothing saved by the agent yet
+/// unless `saved_at` names the time the panel holds; the state names no other date than the
+/// one `wanted` carries.
+fn assert_waiting(seen: &Seen, wanted: &Asked, saved_at: Option<&str>) {
+    assert_eq!(seen.status, TaskStatus::AwaitingApproval, "{}", seen.state);
+    assert_eq!(seen.asked.last(), Some(wanted), "{:?}", seen.asked);
+    let pending = &seen.state["pendingConfirmation"];
+    assert_eq!(pending["action"], wanted.tool.as_str(), "{}", seen.state);
+    assert_eq!(seen.state["post"]["publishAt"], wanted.publish_at.as_str());
+    match saved_at {
+        None => assert!(
+            seen.saved.is_empty(),
+            "saved before approval: {:?}",
+            seen.saved
+        ),
+        Some(at) => assert_eq!(seen.saved[0]["publish_at"], at, "moved before approval"),
+    }
+    assert_one_date(&seen.state, &wanted.publish_at);
+}
+
+/// The date lives in `post.publishAt` only (and in the call that waits for approval, if one
+/// does): no other day appears anywhere in the state, and the form keeps no values.
+fn assert_one_date(state: &Value, at: &str) {
+    let shown = state.to_string();
+    for old in [
+        FIRST,
+        SECOND,
+        "2026-10-22T09:00:00Z",
+        "2026-10-25T09:00:00Z",
+    ] {
+        if old != at {
+            assert!(
+                !shown.contains(&old[..10]),
+                "{old} is still in the state: {state}"
+            );
+        }
+    }
+    let copies = shown.matches(&at[..10]).count();
+    let waiting = usize::from(!state["pendingConfirmation"].is_null());
+    assert_eq!(copies, 1 + waiting, "the date is copied: {state}");
+    assert!(state["form"].get("values").is_none(), "{state}");
+}
+
+/// The task completed with the post stored at `at`, scheduled, after exactly the approvals
+/// `asks` (those that ran are the panel's only changes).
+fn assert_settled(seen: &Seen, at: &str, asks: &[Asked]) {
+    assert_eq!(seen.status, TaskStatus::Completed, "{}", seen.state);
+    assert_eq!(seen.saved.len(), 1, "one post: {:?}", seen.saved);
+    let post = &seen.saved[0];
+    assert_eq!(post["publish_at"], at, "{post}");
+    assert_eq!(post["status"], "scheduled", "{post}");
+    assert_eq!(seen.state["post"]["id"], post["id"]);
+    assert_eq!(seen.state["post"]["publishAt"], at);
+    assert_eq!(seen.state["post"]["status"], "scheduled");
+    assert_eq!(seen.state["pendingConfirmation"], Value::Null);
+    assert_eq!(seen.asked, asks);
+    let ran = asks.iter().filter(|a| a.ok == Some(true)).count() as u64;
+    assert_eq!(seen.changes, ran, "the panel changed without an approval");
+    assert_one_date(&seen.state, at);
+}
+
+/// The latest observation of `step`'s prompt.
+fn latest_observation(db: &Path, id: &str, step: u64) -> String {
+    let prompt = ok(db, &["show", id, "--step", &step.to_string(), "--prompt"]);
+    prompt
+        .split_once("# Latest observation\n")
+        .map(|(_, latest)| latest.to_owned())
+        .unwrap_or_else(|| panic!("no latest observation in {prompt}"))
 }
 
 fn task_id(stdout: &str) -> String {
@@ -101,6 +223,7 @@ fn journey(db: &Path, model: &str) -> String {
         "saved before confirmation: {:?}",
         before.saved
     );
+    assert_waiting(&before, &asked("save_post", FIRST, None), None);
     let listed = ok(db, &["pending"]);
     assert!(
         listed.contains(&id) && listed.contains("approval of save_post"),
@@ -141,12 +264,28 @@ fn journey(db: &Path, model: &str) -> String {
     let listed = ok(db, &["pending"]);
     assert!(listed.contains("approval of schedule_post"), "{listed}");
 
+    assert_waiting(
+        &asked,
+        &self::asked("schedule_post", SECOND, None),
+        Some(FIRST),
+    );
+
     let approved = ok(db, &["approve", &id]);
     assert!(approved.contains("completed"), "{approved}");
     let second = look(db, &id);
     assert_eq!(second.saved.len(), 1, "the same post, not a new one");
     assert_eq!(second.saved[0]["publish_at"], SECOND);
     assert_eq!(second.saved[0]["id"], post["id"]);
+    // The panel's final state: the one post, moved to the 20th, after two approvals, each
+    // for what it carried.
+    assert_settled(
+        &second,
+        SECOND,
+        &[
+            self::asked("save_post", FIRST, Some(true)),
+            self::asked("schedule_post", SECOND, Some(true)),
+        ],
+    );
 
     // One field of the state changed between the two confirmed states: post.publishAt.
     let mut expected = first.state.clone();
@@ -159,7 +298,9 @@ fn journey(db: &Path, model: &str) -> String {
         &["show", &id, "--step", &message_step.to_string(), "--prompt"],
     );
     assert!(
-        reading.contains(&format!("Message from the user: {MOVE}")),
+        reading.contains(&format!(
+            "# Latest observation\nMessage from the user: {MOVE}\n"
+        )),
         "{reading}"
     );
     assert!(reading.contains(FIRST), "{reading}");
@@ -231,6 +372,163 @@ fn the_oracle_does_the_same_and_a_refusal_changes_nothing() {
     );
 }
 
+/// `run` with the oracle until the save waits for approval; returns the task id and the step
+/// that paused.
+fn paused_save(db: &Path) -> (String, u64) {
+    let run = ok(db, &["run", SKILL, "--model", "oracle", "--input", REQUEST]);
+    let id = task_id(&run);
+    let seen = look(db, &id);
+    assert_waiting(&seen, &asked("save_post", FIRST, None), None);
+    (id, seen.version)
+}
+
+/// A correction written while the save waits, then the approval (`say --no-run`, `approve`):
+/// the message comes first, so the approval does not save the old date; the agent changes
+/// `post.publishAt`, fills the form and asks again; only the second approval saves.
+#[test]
+fn a_correction_sent_with_the_approval_is_applied_before_anything_is_saved() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("with-approval.db");
+    let (id, paused) = paused_save(&db);
+
+    let out = skillstate(&db, &["say", &id, MOVE, "--no-run"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(look(&db, &id).status, TaskStatus::AwaitingApproval);
+    let approved = ok(&db, &["approve", &id]);
+    assert!(
+        approved.contains("awaiting_approval") && approved.contains(SECOND),
+        "{approved}"
+    );
+    let seen = look(&db, &id);
+    assert_waiting(&seen, &asked("save_post", SECOND, None), None);
+    assert_eq!(seen.asked[0], asked("save_post", FIRST, Some(false)));
+    let shown = latest_observation(&db, &id, paused + 1);
+    assert!(
+        shown.starts_with(&format!(
+            "Message from the user: {MOVE}\n\n`save_post` with args "
+        )) && shown.contains("was not run: a message from the user came with the approval"),
+        "{shown}"
+    );
+
+    let approved = ok(&db, &["approve", &id]);
+    assert!(approved.contains("completed"), "{approved}");
+    assert_settled(
+        &look(&db, &id),
+        SECOND,
+        &[
+            asked("save_post", FIRST, Some(false)),
+            asked("save_post", SECOND, Some(true)),
+        ],
+    );
+}
+
+/// A correction written instead of the approval (`say` while the save waits): nothing is
+/// saved; the agent changes the date in the form and asks again. Posted only
+/// (`say --no-run`), `resume` delivers it as a worker would.
+#[test]
+fn a_correction_instead_of_the_approval_asks_again_with_the_new_date() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("instead.db");
+    let (id, paused) = paused_save(&db);
+
+    let posted = skillstate(&db, &["say", &id, MOVE, "--no-run"]);
+    assert!(
+        text(&posted.stderr).contains(&format!("skillstate resume {id}")),
+        "{}",
+        text(&posted.stderr)
+    );
+    let said = ok(&db, &["resume", &id]);
+    assert!(said.contains("awaiting_approval"), "{said}");
+    let seen = look(&db, &id);
+    assert_waiting(&seen, &asked("save_post", SECOND, None), None);
+    let shown = latest_observation(&db, &id, paused + 1);
+    assert!(
+        shown.starts_with(&format!("Message from the user: {MOVE}\n\n`save_post`"))
+            && shown.contains("was not run: a human wrote instead of approving it."),
+        "{shown}"
+    );
+    // The step after the change shows the editor with the new time; the state holds only it.
+    let next = latest_observation(&db, &id, paused + 2);
+    assert!(next.starts_with("Page: editor (new post)"), "{next}");
+    assert!(!next.contains("2026-10-15"), "{next}");
+
+    let approved = ok(&db, &["approve", &id]);
+    assert!(approved.contains("completed"), "{approved}");
+    assert_settled(
+        &look(&db, &id),
+        SECOND,
+        &[
+            asked("save_post", FIRST, Some(false)),
+            asked("save_post", SECOND, Some(true)),
+        ],
+    );
+}
+
+/// A correction in the same observation as the request: a task queued with its request
+/// (`batch submit`) gets a message before its first step (`say`). The message comes first:
+/// the post is prepared, and saved, for the message's date; the request's is never used.
+#[test]
+fn a_correction_with_the_request_is_applied_before_anything_is_saved() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("with-request.db");
+    let inputs = tmp.path().join("requests.jsonl");
+    std::fs::write(
+        &inputs,
+        format!(
+            "{}\n",
+            serde_json::json!({"environment": {"request": REQUEST}})
+        ),
+    )
+    .unwrap();
+    let batch = tmp.path().join("batch.yaml");
+    std::fs::write(
+        &batch,
+        format!(
+            "skill: {}\nmodel: oracle\ninputs: {}\nstore: {}\n",
+            common::repo_root().join(SKILL).display(),
+            inputs.display(),
+            db.display()
+        ),
+    )
+    .unwrap();
+    ok(&db, &["batch", "submit", batch.to_str().unwrap()]);
+    let listed = ok(&db, &["tasks"]);
+    let id = listed
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    assert_eq!(look(&db, &id).version, 0, "{listed}");
+
+    let said = ok(&db, &["say", &id, "Make it October 20 instead"]);
+    assert!(
+        said.contains("awaiting_approval") && said.contains(SECOND),
+        "{said}"
+    );
+    let seen = look(&db, &id);
+    assert_waiting(&seen, &asked("save_post", SECOND, None), None);
+    assert_eq!(seen.asked.len(), 1, "{:?}", seen.asked);
+    assert_eq!(
+        seen.state["goal"],
+        "Prepare a post about the launch of the new product and schedule it"
+    );
+    let shown = latest_observation(&db, &id, 1);
+    assert!(
+        shown.starts_with("Message from the user: Make it October 20 instead\n\nAdmin panel of ")
+            && shown.contains(&format!("Request from the user: {REQUEST}")),
+        "{shown}"
+    );
+
+    let approved = ok(&db, &["approve", &id]);
+    assert!(approved.contains("completed"), "{approved}");
+    assert_settled(
+        &look(&db, &id),
+        SECOND,
+        &[asked("save_post", SECOND, Some(true))],
+    );
+}
+
 #[test]
 fn a_built_in_environment_without_a_request_says_to_pass_one() {
     let tmp = tempfile::tempdir().unwrap();
@@ -273,149 +571,4 @@ fn a_built_in_environment_without_a_request_says_to_pass_one() {
         "{}",
         text(&out.stderr)
     );
-}
-
-/// A running `skillstate serve` with embedded workers, killed when dropped.
-struct Server {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(db: &Path) -> Server {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(common::binary())
-        .current_dir(common::repo_root())
-        .env("SKILLSTATE_DB", db)
-        .args([
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--skills",
-            "skills",
-            "--workers",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("serving ") {
-                let base = rest.split_whitespace().next().unwrap_or_default();
-                let _ = sender.send(base.to_owned());
-            }
-        }
-    });
-    let base = receiver
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("the server says where it listens");
-    Server { child, base }
-}
-
-/// The same journey through the service: the task created over HTTP with its request as an
-/// `environment` parameter, decided with the approve route, moved with the messages route.
-#[test]
-fn the_service_takes_the_same_journey_through_its_routes() {
-    use std::time::{Duration, Instant};
-    let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("service.db");
-    let key = ok(
-        &db,
-        &["keys", "create", "--tenant", "acme", "--label", "test"],
-    )
-    .trim()
-    .to_owned();
-    let server = serve(&db);
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let call = |method: reqwest::Method, path: &str, body: Option<Value>| -> Value {
-        let mut request = http
-            .request(method, format!("{}{path}", server.base))
-            .bearer_auth(&key);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        runtime.block_on(async {
-            let response = request.send().await.unwrap();
-            let status = response.status();
-            let body: Value = response.json().await.unwrap();
-            assert!(status.is_success(), "{path}: {status} {body}");
-            body
-        })
-    };
-    let wait_for = |id: &str, status: &str| -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let task = call(reqwest::Method::GET, &format!("/v1/tasks/{id}"), None);
-            if task["status"] == status {
-                return task;
-            }
-            assert!(Instant::now() < deadline, "never {status}: {task}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    let created = call(
-        reqwest::Method::POST,
-        "/v1/tasks",
-        Some(
-            serde_json::json!({"skill": "post-scheduler", "model": "oracle", "environment": {"request": REQUEST}}),
-        ),
-    );
-    let id = created["task"]["id"].as_str().unwrap().to_owned();
-    wait_for(&id, "awaiting_approval");
-    assert!(look(&db, &id).saved.is_empty(), "saved before confirmation");
-
-    call(
-        reqwest::Method::POST,
-        &format!("/v1/tasks/{id}/approve"),
-        Some(serde_json::json!({})),
-    );
-    wait_for(&id, "completed");
-    assert_eq!(look(&db, &id).saved[0]["publish_at"], FIRST);
-
-    call(
-        reqwest::Method::POST,
-        &format!("/v1/tasks/{id}/messages"),
-        Some(serde_json::json!({"text": MOVE})),
-    );
-    wait_for(&id, "awaiting_approval");
-    let asked = look(&db, &id);
-    assert_eq!(asked.state["post"]["publishAt"], SECOND);
-    assert_eq!(
-        asked.saved[0]["publish_at"], FIRST,
-        "moved without confirmation"
-    );
-
-    call(
-        reqwest::Method::POST,
-        &format!("/v1/tasks/{id}/approve"),
-        Some(serde_json::json!({})),
-    );
-    let done = wait_for(&id, "completed");
-    assert_eq!(look(&db, &id).saved[0]["publish_at"], SECOND);
-    let version = done["version"].as_u64().unwrap();
-    let prompt = call(
-        reqwest::Method::GET,
-        &format!("/v1/tasks/{id}/steps/{version}/prompt"),
-        None,
-    )
-    .to_string();
-    assert!(prompt.contains(SECOND), "{prompt}");
-    assert!(!prompt.contains("2026-10-15"), "{prompt}");
-    assert!(!prompt.contains("October 15"), "{prompt}");
 }

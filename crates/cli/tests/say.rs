@@ -1,6 +1,6 @@
 //! `skillstate say` on the real binary: a message answers a task's question and reopens a
-//! finished task, each shown to the model as its next observation; `--no-run` only posts it;
-//! a cancelled task takes none.
+//! finished task, each shown to the model as its next observation; `--no-run` only posts it
+//! (`resume` then delivers what waits); a cancelled task takes none.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -111,10 +111,19 @@ fn say_answers_a_question_reopens_a_finished_task_and_posts_only_when_asked() {
         "{}",
         text(&shown.stdout)
     );
+    let posted = skillstate(&db, &["say", &id, "that's all", "--no-run"]);
+    assert!(posted.status.success(), "{}", text(&posted.stderr));
     let resumed = skillstate(&db, &["resume", &id]);
-    assert!(!resumed.status.success(), "resume refuses a completed task");
-    let said = skillstate(&db, &["say", &id, "that's all"]);
-    assert!(said.status.success(), "{}", text(&said.stderr));
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    assert!(
+        text(&resumed.stdout).contains("completed after 3 step(s)"),
+        "{}",
+        text(&resumed.stdout)
+    );
+    // Nothing waits any more: a plain resume of the completed task refuses, saying why.
+    let again = skillstate(&db, &["resume", &id]);
+    assert!(!again.status.success(), "resume refuses a completed task");
+    assert!(text(&again.stderr).contains("nothing to resume"));
     let step3 = skillstate(&db, &["show", &id, "--step", "3", "--prompt"]);
     let prompt = text(&step3.stdout);
     assert!(

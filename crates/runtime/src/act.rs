@@ -2,17 +2,21 @@
 //! board), then its action run and the action's result recorded, or held back for the next
 //! commit when running the tool again would be harmless.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 use skillstate_core::{AcceptedStep, Action, Rejection};
-use skillstate_store::{ActionResult, JournalEntry, NewIntent, StepCommit, TaskStatus, Verdict};
+use skillstate_store::{
+    ActionResult, JournalEntry, MessageRecord, NewIntent, StepCommit, TaskStatus, Verdict,
+};
 use skillstate_tools::{CallContext, Tool, ToolOutput, call_bounded, failpoint, find_tool};
 
 use crate::RuntimeError;
 use crate::board::{BoardCommitted, BoardFrame, BoardSeen};
 use crate::step::StepEnd;
 use crate::step_loop::Runner;
+use crate::voice::{messages_first, not_the_user};
 
 impl Runner<'_> {
     #[allow(clippy::too_many_arguments)]
@@ -123,7 +127,7 @@ impl Runner<'_> {
             let repeatable = find_tool(env_tools, name).is_some_and(|t| {
                 matches!(t.spec().side_effect.as_str(), "read_only" | "idempotent")
             });
-            let action_result = self.action_result(task, step, output);
+            let action_result = self.action_result(task, step, output, &[]);
             if repeatable {
                 self.held_result = Some((task.to_owned(), action_result));
             } else {
@@ -161,7 +165,11 @@ impl Runner<'_> {
             Err(error) => ToolOutput::failure(format!("Error: {error}")),
         };
         crate::metrics::tool_called(name, output.ok);
-        output
+        // A tool's result never speaks with the user's voice.
+        match not_the_user(&output.text) {
+            Cow::Borrowed(_) => output,
+            Cow::Owned(text) => ToolOutput { text, ..output },
+        }
     }
 
     /// Records a finished action's result now.
@@ -171,36 +179,51 @@ impl Runner<'_> {
         step: u64,
         output: ToolOutput,
     ) -> Result<(), RuntimeError> {
-        self.record_delivering(task, step, output, Vec::new()).await
+        self.record_delivering(task, step, output, Vec::new(), &[])
+            .await
     }
 
     /// [`Self::record_result`], also marking the inbox entries `delivered` (the decision the
-    /// result carries out, the messages its observation shows) in the same transaction.
+    /// result carries out, the messages its observation shows) in the same transaction; the
+    /// messages `shown` open the next observation, before the result.
     pub(crate) async fn record_delivering(
         &mut self,
         task: &str,
         step: u64,
         output: ToolOutput,
         delivered: Vec<i64>,
+        shown: &[&MessageRecord],
     ) -> Result<(), RuntimeError> {
-        let mut result = self.action_result(task, step, output);
+        let mut result = self.action_result(task, step, output, shown);
         result.delivered = delivered;
         self.store.record_action_result(task, &result).await?;
         Ok(())
     }
 
     /// A finished action's result, redacted, with the observation the next step starts from
-    /// (which this runner also keeps for that step).
-    fn action_result(&mut self, task: &str, step: u64, output: ToolOutput) -> ActionResult {
+    /// (which this runner also keeps for that step): the user's messages `shown`, if any, then
+    /// the result and the environment's event.
+    fn action_result(
+        &mut self,
+        task: &str,
+        step: u64,
+        output: ToolOutput,
+        shown: &[&MessageRecord],
+    ) -> ActionResult {
         let output = ToolOutput {
             text: self.secrets.redact(&output.text).into_owned(),
             ok: output.ok,
         };
         self.observer.action_done(step, &output);
-        let next_observation = match self.env.after_action() {
-            Some(event) => format!("{}\n{}", output.text, self.secrets.redact(&event)),
+        let observed = match self.env.after_action() {
+            Some(event) => format!(
+                "{}\n{}",
+                output.text,
+                not_the_user(&self.secrets.redact(&event))
+            ),
             None => output.text.clone(),
         };
+        let next_observation = messages_first(shown, &observed);
         self.next_observation = Some((task.to_owned(), step + 1, next_observation.clone()));
         ActionResult {
             step,

@@ -1,13 +1,16 @@
 //! Delivering a task's inbox (the store's `Inbox`): what people sent the task from outside the
 //! runner — messages, and decisions on a pause (approve, reject, reply) — becomes part of the
 //! task at a step boundary, each entry marked delivered in the same transaction as what it
-//! became.
+//! became. A user's message comes first (`voice.rs`): it opens the observation it joins.
 //!
-//! - A message to a running task is added to the observation of its next step (and that
-//!   observation is stored as shown, so "prompt at step N" stays exact).
+//! - A message to a running task opens the observation of its next step, before the last
+//!   action's result (and that observation is stored as shown, so "prompt at step N" stays
+//!   exact).
 //! - A task waiting for approval runs the action on `approve` and records the refusal on
 //!   `reject`; a message instead of a decision refuses the action and shows the message (the
-//!   person wrote rather than approved).
+//!   person wrote rather than approved), and so does a message that waits with an approval:
+//!   the message may change what was approved, so the action does not run and the agent asks
+//!   again (`pauses.rs::settle_pause`).
 //! - A task waiting for a reply takes a `reply`, or a message, as the answer.
 //! - A completed or failed task is reopened by a message: the message opens its next step.
 //! - A decision that no longer matches the task (it was decided otherwise meanwhile) and
@@ -17,19 +20,12 @@
 use std::sync::Arc;
 
 use skillstate_store::{MessageKind, MessageRecord, TaskRecord, TaskStatus};
-use skillstate_tools::{Tool, ToolOutput, failpoint};
+use skillstate_tools::Tool;
 
 use crate::RuntimeError;
+use crate::pauses::PauseDecision;
 use crate::step_loop::Runner;
-
-/// How a message reads in the observation it joins.
-pub(crate) fn message_text(messages: &[&MessageRecord]) -> String {
-    messages
-        .iter()
-        .map(|m| format!("Message from the user: {}", m.text))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use crate::voice::messages_first;
 
 /// Whether the task was cancelled (a failure whose reason is `canceled`): nothing reopens it.
 pub fn is_canceled(task: &TaskRecord) -> bool {
@@ -40,15 +36,6 @@ pub fn is_canceled(task: &TaskRecord) -> bool {
             .and_then(|o| o.get("reason"))
             .and_then(serde_json::Value::as_str)
             == Some("canceled")
-}
-
-/// `text` followed by `addition`, a blank line between them.
-fn joined(text: &str, addition: &str) -> String {
-    if text.is_empty() {
-        addition.to_owned()
-    } else {
-        format!("{text}\n\n{addition}")
-    }
 }
 
 impl Runner<'_> {
@@ -83,50 +70,17 @@ impl Runner<'_> {
                 };
                 self.discard(task, |m| m.kind == MessageKind::Reply, &waiting)
                     .await?;
-                if let Some(entry) = decision(&[MessageKind::Approve, MessageKind::Reject]) {
-                    if entry.kind == MessageKind::Approve {
-                        // Running first: dying inside the tool leaves an ordinary interrupted
-                        // action, never a second approval.
-                        self.store
-                            .set_status(&task.id, TaskStatus::Running, None)
-                            .await?;
-                        self.check_lease()?;
-                        let output = self
-                            .execute(&task.id, intent.step, &intent.tool, &intent.args, env_tools)
-                            .await;
-                        failpoint("after_tool");
-                        self.record_delivering(&task.id, intent.step, output, vec![entry.id])
-                            .await?;
-                    } else {
-                        let text = format!(
-                            "A human rejected `{}` with args {}: {}",
-                            intent.tool, intent.args, entry.text
-                        );
-                        self.record_delivering(
-                            &task.id,
-                            intent.step,
-                            ToolOutput::failure(text),
-                            vec![entry.id],
-                        )
-                        .await?;
-                        self.store
-                            .set_status(&task.id, TaskStatus::Running, None)
-                            .await?;
+                let (decision, entry) = match decision(&[MessageKind::Approve, MessageKind::Reject])
+                {
+                    Some(e) if e.kind == MessageKind::Approve => {
+                        (PauseDecision::Approve, Some(e.id))
                     }
-                } else if !messages.is_empty() {
-                    let text = format!(
-                        "`{}` with args {} was not run: a human wrote instead of approving it.\n{}",
-                        intent.tool,
-                        intent.args,
-                        message_text(&messages)
-                    );
-                    let ids = messages.iter().map(|m| m.id).collect();
-                    self.record_delivering(&task.id, intent.step, ToolOutput::failure(text), ids)
-                        .await?;
-                    self.store
-                        .set_status(&task.id, TaskStatus::Running, None)
-                        .await?;
-                }
+                    Some(e) => (PauseDecision::Reject(&e.text), Some(e.id)),
+                    None if !messages.is_empty() => (PauseDecision::Wrote, None),
+                    None => return Ok(true),
+                };
+                self.settle_pause(task, &intent, decision, entry, env_tools)
+                    .await?;
                 Ok(true)
             }
             TaskStatus::AwaitingInput => {
@@ -139,30 +93,12 @@ impl Runner<'_> {
                     &waiting,
                 )
                 .await?;
-                let (answer, ids): (String, Vec<i64>) = match decision(&[MessageKind::Reply]) {
-                    Some(reply) => (reply.text.clone(), vec![reply.id]),
-                    None if !messages.is_empty() => (
-                        messages
-                            .iter()
-                            .map(|m| m.text.as_str())
-                            .collect::<Vec<_>>()
-                            .join("\n"),
-                        messages.iter().map(|m| m.id).collect(),
-                    ),
+                let (decision, entry) = match decision(&[MessageKind::Reply]) {
+                    Some(reply) => (PauseDecision::Reply(&reply.text), Some(reply.id)),
+                    None if !messages.is_empty() => (PauseDecision::Wrote, None),
                     None => return Ok(true),
                 };
-                let text = if intent.tool == skillstate_core::tool::ASK_USER {
-                    format!("The user answered: {answer}")
-                } else {
-                    format!(
-                        "A human reported on `{}` (step {}): {answer}",
-                        intent.tool, intent.step
-                    )
-                };
-                self.record_delivering(&task.id, intent.step, ToolOutput::success(text), ids)
-                    .await?;
-                self.store
-                    .set_status(&task.id, TaskStatus::Running, None)
+                self.settle_pause(task, &intent, decision, entry, env_tools)
                     .await?;
                 Ok(true)
             }
@@ -181,7 +117,7 @@ impl Runner<'_> {
                     .observation(&task.id, step)
                     .await?
                     .unwrap_or_default();
-                let observation = joined(&before, &message_text(&messages));
+                let observation = messages_first(&messages, &before);
                 let ids: Vec<i64> = messages.iter().map(|m| m.id).collect();
                 self.store
                     .deliver_messages(&task.id, step, Some(&observation), &ids)
@@ -191,8 +127,8 @@ impl Runner<'_> {
         }
     }
 
-    /// At the boundary before step `step` of a running task: messages that arrived are added
-    /// to the step's observation, which is stored as the prompt will show it. Returns the new
+    /// At the boundary before step `step` of a running task: messages that arrived open the
+    /// step's observation (before what was there), which is stored as the prompt will show it. Returns the new
     /// observation, or `None` when nothing arrived.
     pub(crate) async fn deliver_waiting(
         &mut self,
@@ -229,7 +165,7 @@ impl Runner<'_> {
                 .await?
                 .unwrap_or_default(),
         };
-        let text = joined(&before, &message_text(&messages));
+        let text = messages_first(&messages, &before);
         let mut ids: Vec<i64> = messages.iter().map(|m| m.id).collect();
         ids.extend(stale);
         self.check_lease()?;
@@ -263,7 +199,7 @@ impl Runner<'_> {
     }
 
     /// The action the paused task waits on.
-    async fn pending_intent(
+    pub(crate) async fn pending_intent(
         &self,
         task: &TaskRecord,
     ) -> Result<Option<skillstate_store::IntentRecord>, RuntimeError> {

@@ -19,6 +19,7 @@ mod state_write;
 mod step;
 mod step_loop;
 mod task_start;
+mod voice;
 mod worker;
 
 pub use error::RuntimeError;

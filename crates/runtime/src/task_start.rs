@@ -89,10 +89,9 @@ pub fn prepare_task(
     let tools = select_tools(&env.tools(), &skill.settings().tools)?;
     let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     ToolCatalog::new(specs.clone())?;
-    let opening_observation = options
-        .secrets
-        .redact(&env.opening_observation())
-        .into_owned();
+    let opening = env.opening_observation();
+    let opening_observation =
+        crate::voice::not_the_user(&options.secrets.redact(&opening)).into_owned();
     let task = NewTask {
         skill: skill.definition.clone(),
         tools: specs,

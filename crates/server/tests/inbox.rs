@@ -161,10 +161,11 @@ async fn messages_reach_the_next_step(harness: &Harness, api: &dyn Transport) {
     let listed = messages(api, &key, &id).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0]["delivered_step"], 1);
+    // A user's message comes first: it opens the observation, before the opening events.
+    let shown = observation(api, &key, &id, 1).await;
     assert!(
-        observation(api, &key, &id, 1)
-            .await
-            .ends_with("\n\nMessage from the user: Shelf 7 is blocked today")
+        shown.starts_with("Message from the user: Shelf 7 is blocked today\n\n"),
+        "{shown}"
     );
     let prompt = api
         .send(Call::get(format!("/v1/tasks/{id}/steps/1/prompt")).key(&key))
@@ -218,12 +219,12 @@ async fn messages_reach_the_next_step(harness: &Harness, api: &dyn Transport) {
     store.release_lease(&id, "worker-2").await.unwrap();
     run_to_end(store.clone(), &id).await;
     // The warehouse's episode is over, so the reopened task completes again at once; the
-    // message was added to the observation its next step would have started from (the last
-    // action's result).
+    // message opens the observation its next step would have started from (the last action's
+    // result follows it).
     let reopened = done.version + 1;
     let shown = store.observation(&id, reopened).await.unwrap().unwrap();
     assert!(
-        shown.ends_with("\n\nMessage from the user: one more check"),
+        shown.starts_with("Message from the user: one more check\n\n"),
         "{shown}"
     );
     assert_eq!(store.task(&id).await.unwrap().status, TaskStatus::Completed);
@@ -342,8 +343,8 @@ async fn decisions_settle_the_pause(harness: &Harness, api: &dyn Transport) {
     run_to_end(store.clone(), &id).await;
     let shown = observation(api, &key, &id, 4).await;
     assert!(
-        shown.contains("was not run")
-            && shown.contains("Message from the user: wait for the audit"),
+        shown.starts_with("Message from the user: wait for the audit\n\n")
+            && shown.contains("was not run"),
         "{shown}"
     );
     let listed = messages(api, &key, &id).await;

@@ -54,7 +54,10 @@ pub(super) async fn continue_task(
     let config = load_config(config_path)?;
     let store = open_store(db, &config).await?;
     let task = store.task(task_ref).await?;
-    if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running {
+    // Entries waiting in the inbox (`say --no-run`, the service) are what continues a task
+    // that is not running: `resume` delivers them, as a worker would.
+    let waiting = !store.pending_messages(&task.id).await?.is_empty();
+    if matches!(decision, Decision::Resume) && task.status != TaskStatus::Running && !waiting {
         // Nothing runs: say why and what would, and exit non-zero so scripts notice.
         let outcome = task.outcome.clone().map(|o| Hidden::of_task(&task).json(o));
         outln!(

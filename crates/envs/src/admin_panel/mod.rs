@@ -297,13 +297,15 @@ impl Panel {
                 self.category_list()
             ));
         }
+        // The value is not repeated: the form shows it, and an error that quoted a date would
+        // be one more copy of it wherever the error is kept.
         if let Some(at) = &values.publish_at {
             match parse_timestamp(at) {
-                Err(message) => errors.push(format!("publishAt: {message}")),
-                Ok(_) if at.as_str() <= self.config.now.as_str() => errors.push(format!(
-                    "publishAt: {at} is not after now ({})",
-                    self.config.now
-                )),
+                Err(_) => errors
+                    .push("publishAt: not a real UTC time written YYYY-MM-DDTHH:MM:SSZ".to_owned()),
+                Ok(_) if at.as_str() <= self.config.now.as_str() => {
+                    errors.push("publishAt: not after now; choose a later time".to_owned())
+                }
                 Ok(_) => {}
             }
         }
