@@ -116,8 +116,10 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
     };
     let violations = schema.violations(&initial);
     if !violations.is_empty() {
+        let reader = schema.whole_view();
         let lines: Vec<String> = violations
             .iter()
+            .map(|v| v.render(&reader))
             .map(|v| format!("  {origin} at {}: {}", pointer(&v.pointer), v.message))
             .collect();
         bail!(

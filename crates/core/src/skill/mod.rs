@@ -374,7 +374,8 @@ impl<'a> Loader<'a> {
         let schema = schema?;
         let violations = schema.violations(&state);
         if !violations.is_empty() {
-            for v in violations {
+            let reader = schema.whole_view();
+            for v in violations.iter().map(|v| v.render(&reader)) {
                 if file_present {
                     self.error(
                         INIT_FILE,

@@ -156,7 +156,9 @@ pub async fn create_board(
                     "a board's state is a JSON object",
                 ));
             } else {
-                errors.extend(schema.violations(&initial_state).into_iter().map(|v| {
+                let reader = schema.whole_view();
+                errors.extend(schema.violations(&initial_state).iter().map(|v| {
+                    let v = v.render(&reader);
                     FieldError::new("schema", format!("/initial_state{}", v.pointer), v.message)
                 }));
             }
@@ -405,7 +407,6 @@ pub async fn patch_board_state(
         if let Some(scope) = &caller.scope {
             check_writes(&parsed, &board.state, scope).map_err(|rejections| {
                 refused(
-                    &board.schema,
                     "the patch writes outside this API key's writes",
                     &rejections,
                 )
@@ -426,15 +427,17 @@ pub async fn patch_board_state(
                 }
             }
         };
-        let accepted = validate_patch(&schema, BOARD_STATE_TOKENS, &board.state, &patch).map_err(
-            |rejections| {
-                refused(
-                    &board.schema,
-                    "the patch was refused by the board's state rules",
-                    &rejections,
-                )
-            },
-        )?;
+        let reader = match &caller.scope {
+            Some(scope) => schema.view_of(&scope.reads),
+            None => schema.whole_view(),
+        };
+        let accepted = validate_patch(&schema, BOARD_STATE_TOKENS, &board.state, &patch, &reader)
+            .map_err(|rejections| {
+            refused(
+                "the patch was refused by the board's state rules",
+                &rejections,
+            )
+        })?;
         let write = BoardWrite {
             patch: patch.clone(),
             state_hash: accepted.state_hash,
@@ -470,20 +473,15 @@ pub async fn patch_board_state(
     })
 }
 
-/// A 422 listing `rejections`, their texts cleaned of write-only values.
-fn refused(schema: &Value, detail: &str, rejections: &[skillstate_core::Rejection]) -> ApiError {
-    let hide = board_hides_values(schema);
+/// A 422 listing `rejections`. Their texts were rendered for the caller by core: schema
+/// problems through the caller's reads, with no value of the board quoted; scope refusals name
+/// the patch's own pointers.
+fn refused(detail: &str, rejections: &[skillstate_core::Rejection]) -> ApiError {
     ApiError::invalid(
         detail,
         rejections
             .iter()
-            .map(|r| {
-                let mut error = FieldError::from_rejection(r, "");
-                if hide {
-                    error.message = format!("{} at this location", r.kind.as_str());
-                }
-                error
-            })
+            .map(|r| FieldError::from_rejection(r, ""))
             .collect(),
     )
 }

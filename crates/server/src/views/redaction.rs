@@ -65,8 +65,8 @@ pub(crate) fn shown_patch(schema: &Value, mut patch: Value) -> Value {
     patch
 }
 
-/// Whether `schema` marks anything write-only: then hashes of its states are withheld and
-/// validation messages (which may quote a value) are not shown.
+/// Whether `schema` marks anything write-only: then hashes of its states are withheld (a
+/// short secret could be found by hashing guesses).
 pub(crate) fn board_hides_values(schema: &Value) -> bool {
     !write_only_of(schema).is_empty()
 }
