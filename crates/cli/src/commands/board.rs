@@ -74,7 +74,7 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn read_json(path: &Path, what: &str) -> Result<Value> {
+pub(crate) fn read_json(path: &Path, what: &str) -> Result<Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the {what} {}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| {

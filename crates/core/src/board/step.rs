@@ -70,6 +70,35 @@ pub fn mount_is_free(task_state: &Value) -> bool {
     task_state.get(MOUNT).is_none()
 }
 
+/// Why tasks of `skill` cannot be attached to a board, when they cannot: the skill declares no
+/// `[board]` table (nothing to read or write), or its own state has, or its schema declares, a
+/// top-level `board` member, where the board is shown. Checked before a task joins, so a
+/// refused join stores nothing.
+pub fn join_problem(skill: &crate::Skill) -> Option<String> {
+    if skill.settings().board.is_none() {
+        return Some(format!(
+            "skill `{}` has no [board] table in skill.toml; declare what it reads and writes there ([board] reads = [\"/plan\"], writes = [\"/plan/mine\"])",
+            skill.name()
+        ));
+    }
+    let schema = skill.schema.document();
+    let declared = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| p.contains_key(MOUNT))
+        || schema
+            .get("required")
+            .and_then(Value::as_array)
+            .is_some_and(|r| r.iter().any(|name| name == MOUNT));
+    if declared || !mount_is_free(&skill.definition.initial_state) {
+        return Some(format!(
+            "the own state of skill `{}` has a top-level `{MOUNT}` member (in state.schema.json or state.init.json), where the board is shown to the model; rename that member",
+            skill.name()
+        ));
+    }
+    None
+}
+
 /// A patch split into the task's part and the board's part.
 struct Split {
     task: Value,

@@ -18,7 +18,7 @@ pub use ranges::{Allowed, RangeProblem, SettingRange, check_ranges};
 pub use settings::{
     Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS,
     DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, ShellSettings, SkillSettings,
-    ToolSelection, UnknownOutcome, line_column,
+    ToolSelection, UnknownOutcome, board_entries, line_column,
 };
 pub use settings::{SKILL_RANGES, SettingsProblem};
 

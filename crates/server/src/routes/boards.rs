@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use skillstate_core::board::{BoardScope, Pointer, check_writes, project, rebase};
+use skillstate_core::board::{
+    BoardScope, Pointer, check_writes, project, project_schema, rebase,
+};
 use skillstate_core::validate::validate_patch;
 use skillstate_core::{StatePatch, StateSchema};
 use skillstate_store::{
@@ -248,6 +250,11 @@ pub async fn list_boards(
 }
 
 /// Gets a board: its name, version, schema and members (not its state: GET …/state).
+///
+/// A key limited to board pointers gets the schema projected to its reads: the subschemas of
+/// what it reads whole, and on the way to them only `type`, `readOnly`/`writeOnly`, the
+/// `required` members and `properties` that lead to a read — nothing that names, counts or
+/// constrains the members it cannot read (README, "Boards over HTTP").
 #[utoipa::path(
     get,
     path = "/v1/boards/{id}",
@@ -275,7 +282,11 @@ pub async fn get_board(
         Err(StoreError::NoSuchBoard(_)) => return Err(ApiError::no_board(&id)),
         Err(other) => return Err(other.into()),
     };
-    let response = axum::Json(BoardView::of(&board, members)).into_response();
+    let mut view = BoardView::of(&board, members);
+    if let Some(scope) = &caller.scope {
+        view.schema = project_schema(&board.schema, &scope.reads);
+    }
+    let response = axum::Json(view).into_response();
     Ok(with_etag(response, board.version))
 }
 
