@@ -135,14 +135,20 @@ impl BoardCase {
             ("minProperties", json!(count)),
             ("required", json!(state.keys().collect::<Vec<_>>())),
             ("dependentRequired", json!({"p0": [h0], h0.clone(): ["p0"]})),
-            ("dependentSchemas", json!({h0.clone(): {"not": {"required": ["p9"]}}})),
+            (
+                "dependentSchemas",
+                json!({h0.clone(): {"not": {"required": ["p9"]}}}),
+            ),
             (
                 "if",
                 json!({"properties": {h0.clone(): {"const": state[&h0]}}, "required": [h0]}),
             ),
             ("propertyNames", json!({"pattern": "^(p[0-9]|zqh[a-z]+)$"})),
             ("additionalProperties", json!(false)),
-            ("patternProperties", json!({"^zqh": {"type": ["string", "object"]}})),
+            (
+                "patternProperties",
+                json!({"^zqh": {"type": ["string", "object"]}}),
+            ),
             ("anyOf", json!([{"required": [h0]}, {"maxProperties": 1}])),
         ];
         for (keyword, value) in optional {
@@ -154,11 +160,7 @@ impl BoardCase {
                 }
             }
         }
-        let writes: Vec<String> = reads
-            .iter()
-            .filter(|_| rng.chance(70))
-            .cloned()
-            .collect();
+        let writes: Vec<String> = reads.iter().filter(|_| rng.chance(70)).cloned().collect();
         let mut attempts = Vec::new();
         for _ in 0..1 + rng.below(3) {
             let mut patch = json!({});

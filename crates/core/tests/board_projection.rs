@@ -15,8 +15,8 @@ use board_cases::BoardCase;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use skillstate_core::board::{
-    BoardRules, BoardScope, BoardTable, check_writes, conflict_rejections, project,
-    project_schema, rebase, validate_board_step,
+    BoardRules, BoardScope, BoardTable, check_writes, conflict_rejections, project, project_schema,
+    rebase, validate_board_step,
 };
 use skillstate_core::{Rejection, StatePatch, StateSchema, StepRules, ToolCatalog, validate_patch};
 
@@ -162,10 +162,18 @@ fn a_root_max_properties_refusal_names_no_hidden_member() {
     );
     assert!(!text(&refused).contains("vault"), "{}", text(&refused));
     // A reader of the whole board is told what the rule is, still without the values.
-    let whole = validate_patch(&schema, 1000, &board, &json!({"extra": 1}), &schema.whole_view())
-        .unwrap_err();
+    let whole = validate_patch(
+        &schema,
+        1000,
+        &board,
+        &json!({"extra": 1}),
+        &schema.whole_view(),
+    )
+    .unwrap_err();
     assert!(
-        whole[0].message.ends_with("the value has more than 2 properties"),
+        whole[0]
+            .message
+            .ends_with("the value has more than 2 properties"),
         "{}",
         whole[0]
     );

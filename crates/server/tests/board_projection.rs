@@ -100,7 +100,11 @@ async fn answers_to_the_limited_key(
         record(&now);
         let current = now.header("etag").unwrap().to_owned();
         // Even attempts at the version just read, odd ones at version 0 (rebased or 412).
-        let tag = if n % 2 == 0 { current } else { "\"0\"".to_owned() };
+        let tag = if n % 2 == 0 {
+            current
+        } else {
+            "\"0\"".to_owned()
+        };
         let written = api
             .send(patch(&format!("{base}/state"), &secret, &tag, attempt))
             .await;
@@ -179,11 +183,11 @@ async fn a_limited_key_receives_nothing_outside_its_reads_over_a_socket() {
     }
     // The OpenAPI document says what a limited key is shown of the schema.
     let document = socket.send(Call::get("/openapi.json")).await.json();
-    let described = document["components"]["schemas"]["BoardView"]["properties"]["schema"]
-        ["description"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let described =
+        document["components"]["schemas"]["BoardView"]["properties"]["schema"]["description"]
+            .as_str()
+            .unwrap()
+            .to_owned();
     assert!(described.contains("projected to"), "{described}");
     socket.stop().await;
 }
@@ -224,7 +228,10 @@ async fn a_root_constraint_refusal_and_the_schema_show_a_limited_key_nothing_of_
     );
     let board: Value = answers
         .iter()
-        .find_map(|a| a.strip_prefix("200 OK ").filter(|b| b.contains("\"schema\"")))
+        .find_map(|a| {
+            a.strip_prefix("200 OK ")
+                .filter(|b| b.contains("\"schema\""))
+        })
         .map(|body| serde_json::from_str(body).unwrap())
         .unwrap();
     assert_eq!(
@@ -232,6 +239,9 @@ async fn a_root_constraint_refusal_and_the_schema_show_a_limited_key_nothing_of_
         json!({"type": "object", "required": ["pub"], "properties": {"pub": {"type": "object"}}})
     );
     for answer in &answers {
-        assert!(!answer.contains("vault") && !answer.contains("4242"), "{answer}");
+        assert!(
+            !answer.contains("vault") && !answer.contains("4242"),
+            "{answer}"
+        );
     }
 }

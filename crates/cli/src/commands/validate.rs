@@ -152,7 +152,13 @@ fn board_problems(dir: &Path, skill: &Skill, schema: &Value, origin: &str) -> Re
     if let Err(defects) = StateSchema::compile_all(schema.clone()) {
         return Ok(defects
             .iter()
-            .map(|d| format!("{origin} is not usable at {}: {}", pointer_text(&d.pointer), d.message))
+            .map(|d| {
+                format!(
+                    "{origin} is not usable at {}: {}",
+                    pointer_text(&d.pointer),
+                    d.message
+                )
+            })
             .collect());
     }
     let mut problems = Vec::new();
@@ -185,5 +191,9 @@ fn board_problems(dir: &Path, skill: &Skill, schema: &Value, origin: &str) -> Re
 }
 
 fn pointer_text(pointer: &str) -> &str {
-    if pointer.is_empty() { "(root)" } else { pointer }
+    if pointer.is_empty() {
+        "(root)"
+    } else {
+        pointer
+    }
 }

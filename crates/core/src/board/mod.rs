@@ -48,8 +48,8 @@ pub use rebase::{Conflict, Rebased, rebase};
 pub use schema_scope::{project_schema, undeclared};
 pub use scope::{BoardScope, BoardTable, ScopeList, ScopeProblem};
 pub use step::{
-    BoardChange, BoardRules, MOUNT, apply_board, conflict_rejections, join_problem, mount_is_free,
-    mounted, mounted_view, validate_board_step,
+    BoardChange, BoardRules, MOUNT, apply_board, board_part, conflict_rejections, join_problem,
+    mount_is_free, mounted, mounted_view, validate_board_step,
 };
 pub use touch::{Touch, TouchKind, touched, touches};
 pub use write_check::check_writes;

@@ -189,6 +189,13 @@ fn split_patch(raw: &Value, rejections: &mut Vec<Rejection>) -> Option<Split> {
     }
 }
 
+/// The board's part of a board member's `state_patch`, as [`validate_board_step`] splits it
+/// (paths relative to the board); `None` when it has none or does not split.
+pub fn board_part(state_patch: &Value) -> Option<Value> {
+    let mut ignored = Vec::new();
+    split_patch(state_patch, &mut ignored).and_then(|split| split.board)
+}
+
 /// `Ok(true)` for a path inside the board, `Ok(false)` outside it, `Err` for the board itself.
 fn on_board(path: &str) -> Result<bool, ()> {
     let mount = format!("/{MOUNT}");

@@ -15,9 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use skillstate_core::board::{
-    BoardScope, Pointer, check_writes, project, project_schema, rebase,
-};
+use skillstate_core::board::{BoardScope, Pointer, check_writes, project, project_schema, rebase};
 use skillstate_core::validate::validate_patch;
 use skillstate_core::{StatePatch, StateSchema};
 use skillstate_store::{

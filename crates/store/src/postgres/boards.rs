@@ -15,8 +15,8 @@ use crate::board_rows::{
 };
 use crate::boards::*;
 use crate::model::{NewTask, StepCommit, TaskRecord};
-use crate::traits::Tasks;
 use crate::rows::{decode, to_json};
+use crate::traits::Tasks;
 use crate::{Result, StoreError, now_millis};
 
 /// The board write of [`Boards::commit_board_write`] on `conn` (inside the caller's
@@ -331,12 +331,14 @@ impl Boards for PostgresStore {
             return Err(StoreError::NoSuchBoard(board.to_owned()));
         }
         super::tasks::insert_task(&mut tx, &id, &task, initial_state, None, now).await?;
-        sqlx::query("INSERT INTO board_members (task_id, board_id, attached_at) VALUES ($1, $2, $3)")
-            .bind(&id)
-            .bind(board)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO board_members (task_id, board_id, attached_at) VALUES ($1, $2, $3)",
+        )
+        .bind(&id)
+        .bind(board)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         self.task(&id).await
     }

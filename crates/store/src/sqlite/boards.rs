@@ -17,8 +17,8 @@ use crate::board_rows::{
 };
 use crate::boards::*;
 use crate::model::{NewTask, StepCommit, TaskRecord};
-use crate::traits::Tasks;
 use crate::rows::{decode, to_json};
+use crate::traits::Tasks;
 use crate::{Result, StoreError, now_millis};
 
 impl SqliteStore {
