@@ -163,15 +163,15 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
     if !args.quiet {
         errln!("task {} started ({} in {db})", task.id, skill.name());
     }
-    if let Some(board) = &board {
-        if !args.quiet {
-            errln!(
-                "task {} joined board {} (version {})",
-                task.id,
-                board.name,
-                board.version
-            );
-        }
+    if let Some(board) = &board
+        && !args.quiet
+    {
+        errln!(
+            "task {} joined board {} (version {})",
+            task.id,
+            board.name,
+            board.version
+        );
     }
     let write_only = WriteOnly::of_schema(&task.skill.schema);
     let secrets = write_only.secrets_of(&task.state);

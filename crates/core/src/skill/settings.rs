@@ -216,9 +216,12 @@ fn board_problems(text: &str) -> Vec<SettingsProblem> {
         .collect()
 }
 
-/// The `[board]` table of `skill.toml` text as written, with the 1-based line and column of
-/// each entry (`(list, index, (line, column))`); `None` without a table of strings.
-pub fn board_entries(text: &str) -> Option<(BoardTable, Vec<(ScopeList, usize, (usize, usize))>)> {
+/// Where an entry of the `[board]` table is: its list, its index, its 1-based line and column.
+pub type BoardEntryPosition = (ScopeList, usize, (usize, usize));
+
+/// The `[board]` table of `skill.toml` text as written, with the position of each entry;
+/// `None` without a table of strings.
+pub fn board_entries(text: &str) -> Option<(BoardTable, Vec<BoardEntryPosition>)> {
     use toml::de::{DeTable, DeValue};
     let document = DeTable::parse(text).ok()?;
     let Some(DeValue::Table(board)) = document.get_ref().get("board").map(|v| v.get_ref()) else {
