@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 use skillstate_core::{SecretValues, WriteOnly};
-use skillstate_store::{JournalEntry, Store, TaskRecord, state_at};
+use skillstate_store::{JournalEntry, Store, TaskRecord, member_board_secrets, state_at};
 
 pub struct Hidden {
     write_only: WriteOnly,
@@ -26,18 +26,17 @@ impl Hidden {
     }
 
     /// `of_task`, plus the write-only values of the initial state (while kept) and of every
-    /// answer's patch, accepted or rejected. `journal` when the caller has read it already.
+    /// answer's patch, accepted or rejected, and for a board member its board's
+    /// (`member_board_secrets`). `journal` when the caller has read it already.
     pub async fn of_history(
         store: &dyn Store,
         task: &TaskRecord,
         journal: Option<&[JournalEntry]>,
     ) -> anyhow::Result<Self> {
         let mut hidden = Self::of_task(task);
-        if hidden.write_only.is_empty() {
+        let member = store.task_board(&task.id).await?.is_some();
+        if !member && hidden.write_only.is_empty() {
             return Ok(hidden);
-        }
-        if let Ok(initial) = state_at(store, &task.id, 0, task.version).await {
-            hidden.write_only.collect(&initial, &mut hidden.secrets);
         }
         let read;
         let journal = match journal {
@@ -47,6 +46,16 @@ impl Hidden {
                 &read
             }
         };
+        // A board member's prompts show its board, write-only values included.
+        if member && let Some(board) = member_board_secrets(store, &task.id, journal).await? {
+            hidden.secrets.extend(&board);
+        }
+        if hidden.write_only.is_empty() {
+            return Ok(hidden);
+        }
+        if let Ok(initial) = state_at(store, &task.id, 0, task.version).await {
+            hidden.write_only.collect(&initial, &mut hidden.secrets);
+        }
         for entry in journal {
             hidden.write_only.collect_answer(
                 entry.patch.as_ref(),

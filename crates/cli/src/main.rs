@@ -39,6 +39,11 @@ enum Command {
     Validate {
         /// The skill directory (holds SKILL.md).
         skill: PathBuf,
+        /// Check the skill's `[board]` pointers against a board's schema: a schema file (JSON
+        /// Schema, as given to `board create --schema`), or the name or id of a board in the
+        /// database. Pointers that name nothing in it are errors, with their line.
+        #[arg(long, value_name = "SCHEMA_FILE|BOARD")]
+        board: Option<String>,
     },
     /// Start a task for a skill and run it to the end.
     Run(commands::run::RunArgs),
@@ -136,7 +141,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Validate { skill } => commands::validate::run(&skill, cli.config.as_deref()),
+            Command::Validate { skill, board } => {
+                commands::validate::run(&skill, cli.config.as_deref(), &cli.db, board.as_deref())
+                    .await
+            }
             Command::Run(args) => commands::run::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Tasks => commands::tasks::run(&cli.db).await,
             Command::Resume(args) => {

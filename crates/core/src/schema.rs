@@ -15,8 +15,11 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
+use crate::board::Pointer;
 use crate::json::escape_token;
 use crate::schema_graph::{EdgeKind, Label, PropertyPath, SchemaGraph};
+use crate::schema_problem::{ReaderView, SchemaProblem};
+use crate::write_only::WriteOnly;
 
 /// A compiled state schema. Keeps the source document because prompts and the derived output
 /// schema need it, and the compiled validator because every step validates against it.
@@ -30,6 +33,8 @@ pub struct StateSchema {
     /// these locations it has, found without an annotating evaluation (which cost more than
     /// the rest of a step's validation on the warehouse's state).
     property_read_only: Option<Vec<PropertyPath>>,
+    /// Its `writeOnly` locations: no problem is rendered with what they hold.
+    write_only: WriteOnly,
     /// The last states evaluated for read-only annotations, newest first: a step's state before
     /// is the previous step's state after, so each state is evaluated once, not twice.
     recent: Mutex<Vec<(Value, Vec<String>)>>,
@@ -45,14 +50,7 @@ pub enum WriteCheck {
     /// Read-only locations the write changes, topmost first.
     ReadOnly(Vec<String>),
     /// The new state breaks the schema (never empty).
-    Invalid(Vec<SchemaViolation>),
-}
-
-/// One way an instance fails the schema, located by JSON pointer into the instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SchemaViolation {
-    pub pointer: String,
-    pub message: String,
+    Invalid(Vec<SchemaProblem>),
 }
 
 /// Why a document is not a usable state schema, located by JSON pointer into the schema.
@@ -139,11 +137,13 @@ impl StateSchema {
                 }]
             })?;
         let has_read_only = mentions_read_only(&document);
+        let write_only = WriteOnly::of_schema(&document);
         Ok(Self {
             document,
             validator,
             has_read_only,
             property_read_only,
+            write_only,
             recent: Mutex::new(Vec::new()),
         })
     }
@@ -152,15 +152,29 @@ impl StateSchema {
         &self.document
     }
 
-    /// Every violation of the schema by `instance`, in the validator's order.
-    pub fn violations(&self, instance: &Value) -> Vec<SchemaViolation> {
+    /// Every violation of the schema by `instance`, in the validator's order, kept without
+    /// the instance: text only through [`SchemaProblem::render`], for one reader.
+    pub fn violations(&self, instance: &Value) -> Vec<SchemaProblem> {
         self.validator
             .iter_errors(instance)
-            .map(|error| SchemaViolation {
-                pointer: error.instance_path().to_string(),
-                message: error.to_string(),
-            })
+            .map(|error| SchemaProblem::of_error(&error))
             .collect()
+    }
+
+    /// The schema's `writeOnly` locations.
+    pub fn write_only(&self) -> &WriteOnly {
+        &self.write_only
+    }
+
+    /// A reader of the whole instance (write-only values excepted): the task's own state, a
+    /// board read without limits.
+    pub fn whole_view(&self) -> ReaderView<'_> {
+        ReaderView::whole(&self.write_only)
+    }
+
+    /// A reader of `reads` only: a board member, an API key limited to board pointers.
+    pub fn view_of<'a>(&'a self, reads: &'a [Pointer]) -> ReaderView<'a> {
+        ReaderView::reads(reads, &self.write_only)
     }
 
     pub fn is_valid(&self, instance: &Value) -> bool {
@@ -493,7 +507,7 @@ mod tests {
         let s = schema();
         let v = s.violations(&json!({"inventory": {"shelf_1": 7}}));
         assert_eq!(v.len(), 1);
-        assert_eq!(v[0].pointer, "/inventory/shelf_1");
+        assert_eq!(v[0].location().to_string(), "/inventory/shelf_1");
         assert!(!s.violations(&json!({})).is_empty());
     }
 

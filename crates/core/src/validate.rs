@@ -19,6 +19,7 @@ use crate::json::state_hash;
 use crate::output::{ParsedOutput, RawAction, parse_output};
 use crate::patch::StatePatch;
 use crate::schema::{StateSchema, WriteCheck};
+use crate::schema_problem::ReaderView;
 use crate::tokens::count_tokens;
 use crate::tool::{ASK_USER, FINISH, ToolCatalog};
 
@@ -257,11 +258,14 @@ pub struct AcceptedPatch {
 /// schema, state budget — on a patch given directly (an RFC 7396 merge patch object or an RFC
 /// 6902 operation array). Pointers in rejections point into the patch itself (`/0/path`) or
 /// into the new state, exactly as for a model's answer minus the `/state_patch` prefix.
+/// Schema problems are rendered for `reader`, the one the rejections are for
+/// ([`StateSchema::whole_view`], or [`StateSchema::view_of`] its reads).
 pub fn validate_patch(
     schema: &StateSchema,
     state_token_budget: usize,
     state: &Value,
     patch: &Value,
+    reader: &ReaderView<'_>,
 ) -> Result<AcceptedPatch, Vec<Rejection>> {
     let mut rejections = Vec::new();
     match check_patch_with(
@@ -270,6 +274,7 @@ pub fn validate_patch(
         state,
         patch,
         "",
+        reader,
         &mut rejections,
     ) {
         Some((patch, new_state, _)) if rejections.is_empty() => Ok(AcceptedPatch {
@@ -293,6 +298,7 @@ fn check_patch(
         state,
         raw_patch,
         "/state_patch",
+        &rules.schema.whole_view(),
         rejections,
     )
 }
@@ -303,6 +309,7 @@ pub(crate) fn check_patch_with(
     state: &Value,
     raw_patch: &Value,
     prefix: &str,
+    reader: &ReaderView<'_>,
     rejections: &mut Vec<Rejection>,
 ) -> Option<(StatePatch, Value, Option<usize>)> {
     let patch = match StatePatch::from_value(raw_patch) {
@@ -334,7 +341,7 @@ pub(crate) fn check_patch_with(
     match schema.check_write(state, &new_state) {
         WriteCheck::Fine => {}
         WriteCheck::ReadOnly(hits) => {
-            for pointer in hits {
+            for pointer in named_once(hits, reader) {
                 rejections.push(Rejection {
                     kind: RejectionKind::ReadOnly,
                     document: Document::State,
@@ -346,15 +353,13 @@ pub(crate) fn check_patch_with(
             }
             return None;
         }
-        WriteCheck::Invalid(violations) => {
-            for v in violations {
-                rejections.push(Rejection {
-                    kind: RejectionKind::Schema,
-                    document: Document::State,
-                    message: format!("after the patch the state breaks the schema: {}", v.message),
-                    pointer: v.pointer,
-                });
-            }
+        WriteCheck::Invalid(problems) => {
+            rejections.extend(schema_rejections(
+                &problems,
+                reader,
+                "the state",
+                "the schema",
+            ));
             return None;
         }
     }
@@ -376,6 +381,45 @@ pub(crate) fn check_patch_with(
         return None;
     }
     Some((patch, new_state, state_tokens))
+}
+
+/// Each location as far as `reader` may name it, each once, in order.
+pub(crate) fn named_once(locations: Vec<String>, reader: &ReaderView<'_>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for location in locations {
+        let named = reader.nameable(&location);
+        if !out.contains(&named) {
+            out.push(named);
+        }
+    }
+    out
+}
+
+/// A `schema` rejection for each problem, rendered for `reader`: "after the patch {document}
+/// breaks {schema}: …". Problems that read the same to this reader are reported once.
+pub fn schema_rejections(
+    problems: &[crate::SchemaProblem],
+    reader: &ReaderView<'_>,
+    document: &str,
+    schema: &str,
+) -> Vec<Rejection> {
+    let mut out: Vec<Rejection> = Vec::new();
+    for problem in problems {
+        let shown = problem.render(reader);
+        let rejection = Rejection {
+            kind: RejectionKind::Schema,
+            document: Document::State,
+            message: format!(
+                "after the patch {document} breaks {schema}: {}",
+                shown.message
+            ),
+            pointer: shown.pointer,
+        };
+        if !out.contains(&rejection) {
+            out.push(rejection);
+        }
+    }
+    out
 }
 
 pub(crate) fn check_action(

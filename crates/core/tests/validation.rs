@@ -326,7 +326,13 @@ fn a_direct_patch_gets_the_same_verdicts_as_a_models_patch() {
     let (mut accepted, mut rejected) = (0, 0);
     for patch in cases {
         let model = validate_step(&rules, &state(), &answer(patch.clone(), ship()));
-        let direct = skillstate_core::validate_patch(&skill.schema, 2000, &state(), &patch);
+        let direct = skillstate_core::validate_patch(
+            &skill.schema,
+            2000,
+            &state(),
+            &patch,
+            &skill.schema.whole_view(),
+        );
         match (model, direct) {
             (Ok(model), Ok(direct)) => {
                 assert_eq!(direct.new_state, model.new_state, "{patch}");

@@ -141,7 +141,12 @@ impl BoardFrame {
             }
             let newest = self.read(store).await?;
             match rebase(&change.patch, &seen.state, &newest.state) {
-                Ok(rebased) => match apply_board(&self.schema, &rebased.patch, &newest.state) {
+                Ok(rebased) => match apply_board(
+                    &self.schema,
+                    &rebased.patch,
+                    &newest.state,
+                    &self.schema.view_of(&self.scope.reads),
+                ) {
                     Ok(applied) => {
                         write.patch = applied.patch.to_value();
                         write.new_state = applied.new_state;
@@ -172,6 +177,6 @@ impl BoardFrame {
     }
 
     fn conflict(&self, conflict: &Conflict, newest: &BoardSeen) -> Vec<Rejection> {
-        conflict_rejections(conflict, &newest.state, &self.scope)
+        conflict_rejections(conflict, &newest.state, &self.scope, &self.schema)
     }
 }

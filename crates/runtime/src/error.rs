@@ -24,4 +24,7 @@ pub enum RuntimeError {
     /// reason a retry cannot fix); the message says what to do instead.
     #[error("task {task}: {message}")]
     NotResumable { task: String, message: String },
+    /// A task of this skill cannot join the board; nothing was stored.
+    #[error("cannot join board `{board}`: {message}")]
+    CannotJoin { board: String, message: String },
 }

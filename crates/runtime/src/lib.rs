@@ -31,7 +31,9 @@ pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
 pub use state_write::{StateWrite, StateWriteError, Written, write_state, write_state_read};
 pub use step_loop::Runner;
-pub use task_start::{NoProgress, RunObserver, RunOutcome, TaskOptions, prepare_task, start_task};
+pub use task_start::{
+    NoProgress, RunObserver, RunOutcome, TaskOptions, prepare_task, start_board_task, start_task,
+};
 pub use worker::{
     Backoff, HostedTask, StopLevel, TaskHost, WorkerEvent, WorkerOptions, WorkerStats,
     failure_text, run_worker,

@@ -285,8 +285,14 @@ async fn prepare(
         });
     }
     let schema = compiled_schema(task)?;
-    let accepted = validate_patch(&schema, task.state_tokens, &task.state, write.patch)
-        .map_err(|rejections| StateWriteError::Rejected { rejections })?;
+    let accepted = validate_patch(
+        &schema,
+        task.state_tokens,
+        &task.state,
+        write.patch,
+        &schema.whole_view(),
+    )
+    .map_err(|rejections| StateWriteError::Rejected { rejections })?;
     let step = task.version + 1;
     // The observation the next model step would have read, plus a note; it opens the step
     // after this one.

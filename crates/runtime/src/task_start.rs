@@ -80,6 +80,30 @@ pub async fn start_task(
         .await?)
 }
 
+/// Creates a task for `skill` in `env`, attached to `board` (a board record's id; `name` for
+/// messages), as `start_task` does. Whether the skill can join is checked before anything is
+/// stored (`board::join_problem`), and the task and its membership are written in one
+/// transaction (`Boards::create_board_task`): a refused join stores nothing.
+pub async fn start_board_task(
+    store: &dyn Store,
+    skill: &Skill,
+    env: &mut dyn Environment,
+    options: &TaskOptions,
+    board: &str,
+    name: &str,
+) -> Result<TaskRecord, RuntimeError> {
+    if let Some(message) = skillstate_core::board::join_problem(skill) {
+        return Err(RuntimeError::CannotJoin {
+            board: name.to_owned(),
+            message,
+        });
+    }
+    let task = prepare_task(skill, env, options)?;
+    Ok(store
+        .create_board_task(board, task, &skill.definition.initial_state)
+        .await?)
+}
+
 /// What `start_task` stores, without storing it (a batch queues many at once).
 pub fn prepare_task(
     skill: &Skill,

@@ -218,19 +218,17 @@ pub fn skill_dir(skills_dir: &Path, name: &str) -> Result<PathBuf, ApiError> {
 /// state.init.json must. Every violation is one error at `/state<pointer>`; a message never
 /// quotes a write-only value of the state.
 pub fn check_initial_state(skill: &Skill, state: &Value) -> Result<(), ApiError> {
-    let secrets = skillstate_core::WriteOnly::of_schema(skill.schema.document()).secrets_of(state);
+    let reader = skill.schema.whole_view();
     let mut errors: Vec<FieldError> = skill
         .schema
         .violations(state)
-        .into_iter()
+        .iter()
         .map(|v| {
+            let v = v.render(&reader);
             FieldError::new(
                 "schema",
                 format!("/state{}", v.pointer),
-                format!(
-                    "does not satisfy the skill's state schema: {}",
-                    secrets.scrub(&v.message)
-                ),
+                format!("does not satisfy the skill's state schema: {}", v.message),
             )
         })
         .collect();

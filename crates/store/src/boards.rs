@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::Result;
-use crate::model::StepCommit;
+use crate::model::{NewTask, StepCommit, TaskRecord};
 
 /// What a new board starts from.
 #[derive(Debug, Clone)]
@@ -147,6 +147,15 @@ pub trait Boards: Send + Sync {
     /// Attaches `task` to `board` (a task belongs to at most one board; attaching it again to
     /// the same board is a no-op, to another is refused with `AttachedElsewhere`).
     async fn attach_task(&self, board: &str, task: &str) -> Result<()>;
+    /// Creates a task exactly as `Tasks::create_task` does, attached to `board`, in ONE
+    /// transaction: when the board does not exist (`NoSuchBoard`), nothing is stored — no task
+    /// row, no membership.
+    async fn create_board_task(
+        &self,
+        board: &str,
+        task: NewTask,
+        initial_state: &Value,
+    ) -> Result<TaskRecord>;
     /// The board `task` is attached to, if any.
     async fn task_board(&self, task: &str) -> Result<Option<String>>;
     /// The tasks attached to `board`, in the order they were attached.

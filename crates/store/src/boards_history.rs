@@ -5,8 +5,9 @@
 //! that many writes whatever the board's age.
 
 use serde_json::Value;
-use skillstate_core::StatePatch;
+use skillstate_core::board::board_part;
 use skillstate_core::json::state_hash;
+use skillstate_core::{SecretValues, StatePatch, WriteOnly};
 
 use crate::{Result, Store, StoreError};
 
@@ -122,4 +123,46 @@ async fn rebuild(
         return Err(corrupt(expected, "no journal row for this version".into()));
     }
     Ok(state)
+}
+
+/// The write-only values (of its board's schema) that a board member's history may show: its
+/// prompts mount the board, write-only values included, and its answers may write some. Those
+/// of the board's initial state and of every write to it (by whichever writer), and those the
+/// member's answers in `journal` wrote on the board, accepted or not. `None` for a task that is
+/// not a member, or whose board's schema marks nothing write-only. Readers of a task's history
+/// (the service, `skillstate show`) clean its texts of these as of the task's own.
+pub async fn member_board_secrets(
+    store: &dyn Store,
+    task: &str,
+    journal: &[crate::JournalEntry],
+) -> Result<Option<SecretValues>> {
+    let Some(board) = store.task_board(task).await? else {
+        return Ok(None);
+    };
+    let record = match store.board(&board, None).await {
+        Ok(record) => record,
+        Err(StoreError::NoSuchBoard(_)) => return Ok(None),
+        Err(other) => return Err(other),
+    };
+    let write_only = WriteOnly::of_schema(&record.schema);
+    if write_only.is_empty() {
+        return Ok(None);
+    }
+    let mut secrets = write_only.secrets_of(&record.state);
+    write_only.collect(&store.board_initial_state(&record.id).await?, &mut secrets);
+    for write in store.board_writes(&record.id, 1, record.version).await? {
+        write_only.collect_patch(&write.patch, &mut secrets);
+    }
+    for entry in journal {
+        let written = match skillstate_core::parse_output(&entry.output) {
+            Ok(parsed) => board_part(&parsed.state_patch),
+            Err(_) => serde_json::from_str::<Value>(entry.output.trim())
+                .ok()
+                .and_then(|answer| answer.get("state_patch").and_then(board_part)),
+        };
+        if let Some(patch) = written {
+            write_only.collect_patch(&patch, &mut secrets);
+        }
+    }
+    Ok(Some(secrets))
 }

@@ -31,7 +31,7 @@ use std::sync::Arc;
 pub use boards::{
     BoardAuthor, BoardRecord, BoardSummary, BoardWrite, BoardWriteRecord, Boards, NewBoard,
 };
-pub use boards_history::{board_state_at, board_state_replayed};
+pub use boards_history::{board_state_at, board_state_replayed, member_board_secrets};
 pub use error::StoreError;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};

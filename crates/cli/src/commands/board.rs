@@ -74,7 +74,7 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn read_json(path: &Path, what: &str) -> Result<Value> {
+pub(crate) fn read_json(path: &Path, what: &str) -> Result<Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the {what} {}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| {
@@ -116,8 +116,10 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
     };
     let violations = schema.violations(&initial);
     if !violations.is_empty() {
+        let reader = schema.whole_view();
         let lines: Vec<String> = violations
             .iter()
+            .map(|v| v.render(&reader))
             .map(|v| format!("  {origin} at {}: {}", pointer(&v.pointer), v.message))
             .collect();
         bail!(

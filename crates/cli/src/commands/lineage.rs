@@ -292,6 +292,17 @@ pub async fn fork(db: &str, config_path: Option<&Path>, args: ForkArgs) -> Resul
         args.step,
         fork.id
     );
+    // A fork of a board member joins its board with the same scope: say so, since its steps
+    // write the shared board.
+    if let Some(board) = store.task_board(&fork.id).await? {
+        let name = match store.board(&board, None).await {
+            Ok(record) => record.name,
+            Err(_) => board.clone(),
+        };
+        errln!(
+            "the fork is a member of board {name} ({board}), as its parent is: its prompts show the board as it is now, and its steps write it within the skill's [board] writes"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

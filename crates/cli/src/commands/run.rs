@@ -3,7 +3,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep, SecretValues, WriteOnly};
-use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
+use skillstate_runtime::{
+    RunObserver, Runner, RuntimeError, TaskOptions, start_board_task, start_task,
+};
 use skillstate_store::TaskStatus;
 use skillstate_tools::ToolOutput;
 
@@ -121,16 +123,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
     let model = build_model(&spec, &settings, kind)?;
     let store = open_store(db, &config).await?;
     let board = match &args.board {
-        Some(name) => {
-            if skill.settings().board.is_none() {
-                anyhow::bail!(
-                    "{}: skill `{}` has no [board] table, so it cannot join board `{name}`; declare what it reads and writes there ([board] reads = [\"/plan\"], writes = [\"/plan/mine\"])",
-                    args.skill.join("skill.toml").display(),
-                    skill.name()
-                );
-            }
-            Some(store.board(name, None).await?)
-        }
+        Some(name) => Some(store.board(name, None).await?),
         None => None,
     };
     let options = TaskOptions {
@@ -140,20 +133,45 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: RunArgs) -> Result<
         environment: world.record(),
         secrets: config.secrets(),
     };
-    let task = start_task(store.as_ref(), &skill, world.env.as_mut(), &options).await?;
+    // A task that joins a board is created with its membership, after the checks: a refused
+    // join stores nothing.
+    let started = match &board {
+        Some(board) => {
+            start_board_task(
+                store.as_ref(),
+                &skill,
+                world.env.as_mut(),
+                &options,
+                &board.id,
+                &board.name,
+            )
+            .await
+        }
+        None => start_task(store.as_ref(), &skill, world.env.as_mut(), &options).await,
+    };
+    let task = match started {
+        Ok(task) => task,
+        Err(error @ RuntimeError::CannotJoin { .. }) => {
+            world.shutdown().await;
+            anyhow::bail!("{}: {error}", args.skill.display());
+        }
+        Err(other) => {
+            world.shutdown().await;
+            return Err(other.into());
+        }
+    };
     if !args.quiet {
         errln!("task {} started ({} in {db})", task.id, skill.name());
     }
-    if let Some(board) = &board {
-        store.attach_task(&board.id, &task.id).await?;
-        if !args.quiet {
-            errln!(
-                "task {} joined board {} (version {})",
-                task.id,
-                board.name,
-                board.version
-            );
-        }
+    if let Some(board) = &board
+        && !args.quiet
+    {
+        errln!(
+            "task {} joined board {} (version {})",
+            task.id,
+            board.name,
+            board.version
+        );
     }
     let write_only = WriteOnly::of_schema(&task.skill.schema);
     let secrets = write_only.secrets_of(&task.state);

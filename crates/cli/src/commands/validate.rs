@@ -1,15 +1,23 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Result;
-use skillstate_core::skill::Severity;
-use skillstate_core::{Skill, ToolCatalog};
+use anyhow::{Context, Result};
+use serde_json::Value;
+use skillstate_core::board::{Pointer, ScopeList, join_problem, undeclared};
+use skillstate_core::skill::{Severity, board_entries};
+use skillstate_core::{Skill, StateSchema, ToolCatalog};
 use skillstate_runtime::select_tools;
 
-use crate::config::{CONFIG_FILE, load_config};
+use super::board::read_json;
+use crate::config::{CONFIG_FILE, load_config, open_existing};
 use crate::toolbox::work_dir;
 
-pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
+pub async fn run(
+    dir: &Path,
+    config_path: Option<&Path>,
+    db: &str,
+    board: Option<&str>,
+) -> Result<ExitCode> {
     let loaded = match Skill::load(dir) {
         Ok(loaded) => loaded,
         Err(errors) => {
@@ -84,6 +92,21 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
             settings.tools.allow.clone()
         }
     };
+    let board_line = match board {
+        Some(board) => {
+            let (schema, origin) = board_schema(db, board).await?;
+            let problems = board_problems(dir, &skill, &schema, &origin)?;
+            if !problems.is_empty() {
+                for problem in &problems {
+                    outln!("error: {problem}");
+                }
+                outln!("{}: {} error(s)", dir.display(), problems.len());
+                return Ok(ExitCode::FAILURE);
+            }
+            format!("\n  board: every [board] pointer names a part of {origin}")
+        }
+        None => String::new(),
+    };
     let environment = skill
         .settings()
         .environment
@@ -91,7 +114,7 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
         .map(|e| e.kind.clone())
         .unwrap_or_else(|| "none (the task input is the first observation)".into());
     outln!(
-        "ok: skill `{}` is valid\n  tools: {}\n  environment: {environment}\n  state budget: {} tokens, observation budget: {} tokens",
+        "ok: skill `{}` is valid\n  tools: {}\n  environment: {environment}\n  state budget: {} tokens, observation budget: {} tokens{board_line}",
         skill.name(),
         if names.is_empty() {
             "none".to_owned()
@@ -102,4 +125,75 @@ pub fn run(dir: &Path, config_path: Option<&Path>) -> Result<ExitCode> {
         skill.settings().budgets.observation_tokens,
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The board schema `board` names: a schema file, else a board of the database (by name or
+/// id), with the words that name it in messages.
+async fn board_schema(db: &str, board: &str) -> Result<(Value, String)> {
+    let path = Path::new(board);
+    if path.is_file() {
+        let schema = read_json(path, "board schema")?;
+        return Ok((schema, format!("the board schema {}", path.display())));
+    }
+    let store = open_existing(db).await.with_context(|| {
+        format!("`{board}` is not a schema file, and the database {db} cannot be read to find a board of that name")
+    })?;
+    let record = store.board(board, None).await.with_context(|| {
+        format!("`{board}` is neither a schema file nor a board in {db}; give the board's schema file or its name (skillstate board list)")
+    })?;
+    Ok((record.schema, format!("board `{}`'s schema", record.name)))
+}
+
+/// What keeps `skill` from working on a board with `schema`: a schema that is not usable, a
+/// skill that cannot join, and each `[board]` pointer that names nothing in the schema, with
+/// its line in skill.toml.
+fn board_problems(dir: &Path, skill: &Skill, schema: &Value, origin: &str) -> Result<Vec<String>> {
+    let skill_toml = dir.join("skill.toml");
+    if let Err(defects) = StateSchema::compile_all(schema.clone()) {
+        return Ok(defects
+            .iter()
+            .map(|d| {
+                format!(
+                    "{origin} is not usable at {}: {}",
+                    pointer_text(&d.pointer),
+                    d.message
+                )
+            })
+            .collect());
+    }
+    let mut problems = Vec::new();
+    if let Some(message) = join_problem(skill) {
+        problems.push(format!("{}: {message}", skill_toml.display()));
+        return Ok(problems);
+    }
+    let text = std::fs::read_to_string(&skill_toml)
+        .with_context(|| format!("cannot read {}", skill_toml.display()))?;
+    let Some((table, positions)) = board_entries(&text) else {
+        return Ok(problems);
+    };
+    for (list, index, (line, column)) in positions {
+        let entries = match list {
+            ScopeList::Reads => &table.reads,
+            ScopeList::Writes => &table.writes,
+        };
+        let Some(Ok(pointer)) = entries.get(index).map(|text| Pointer::parse(text)) else {
+            continue;
+        };
+        if let Some(reason) = undeclared(schema, &pointer) {
+            problems.push(format!(
+                "{}:{line}:{column}: board.{}[{index}]: \"{pointer}\" names nothing in {origin}: {reason}; fix the pointer, or give the board the part it names",
+                skill_toml.display(),
+                list.as_str()
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+fn pointer_text(pointer: &str) -> &str {
+    if pointer.is_empty() {
+        "(root)"
+    } else {
+        pointer
+    }
 }

@@ -36,6 +36,7 @@
 mod pointer;
 mod project;
 mod rebase;
+mod schema_scope;
 mod scope;
 mod step;
 mod touch;
@@ -44,10 +45,11 @@ mod write_check;
 pub use pointer::Pointer;
 pub use project::{project, project_pointers};
 pub use rebase::{Conflict, Rebased, rebase};
+pub use schema_scope::{project_schema, undeclared};
 pub use scope::{BoardScope, BoardTable, ScopeList, ScopeProblem};
 pub use step::{
-    BoardChange, BoardRules, MOUNT, apply_board, conflict_rejections, mount_is_free, mounted,
-    mounted_view, validate_board_step,
+    BoardChange, BoardRules, MOUNT, apply_board, board_part, conflict_rejections, join_problem,
+    mount_is_free, mounted, mounted_view, validate_board_step,
 };
 pub use touch::{Touch, TouchKind, touched, touches};
 pub use write_check::check_writes;

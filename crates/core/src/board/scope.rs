@@ -109,6 +109,31 @@ impl BoardScope {
         }
     }
 
+    /// Writes that lie within another write of the same skill (`"/api"` and `"/api/login"`):
+    /// one of the two is redundant or a mistake, and a skill's parts are easier to read when
+    /// each location is listed once. Reported where a skill is written (skill.toml), so a
+    /// stored skill that has such writes still loads.
+    pub fn overlapping_writes(&self) -> Vec<ScopeProblem> {
+        let mut problems = Vec::new();
+        for (index, write) in self.writes.iter().enumerate() {
+            if let Some((other, wider)) = self
+                .writes
+                .iter()
+                .enumerate()
+                .find(|(other, w)| *other != index && write.is_within(w))
+            {
+                problems.push(ScopeProblem {
+                    list: ScopeList::Writes,
+                    index,
+                    message: format!(
+                        "\"{write}\" lies within \"{wider}\" (board.writes[{other}]), which this skill writes already; writes must not overlap: remove \"{write}\", or narrow \"{wider}\" to the parts meant"
+                    ),
+                });
+            }
+        }
+        problems
+    }
+
     /// `true` when `location` lies within one of the reads.
     pub fn can_read(&self, location: &Pointer) -> bool {
         self.reads.iter().any(|read| location.is_within(read))

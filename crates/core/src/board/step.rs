@@ -23,9 +23,10 @@ use super::write_check::check_writes;
 use crate::json::state_hash;
 use crate::patch::StatePatch;
 use crate::schema::{StateSchema, WriteCheck};
+use crate::schema_problem::ReaderView;
 use crate::validate::{
     AcceptedStep, Document, RejectedStep, Rejection, RejectionKind, StepRules, check_action,
-    check_patch_with, parse_answer,
+    check_patch_with, named_once, parse_answer, schema_rejections,
 };
 
 /// The member of the shown state that holds the board.
@@ -35,6 +36,14 @@ pub const MOUNT: &str = "board";
 pub struct BoardRules<'a> {
     pub schema: &'a StateSchema,
     pub scope: &'a BoardScope,
+}
+
+impl BoardRules<'_> {
+    /// What the member reads of the board: its problems are rendered for this reader (who
+    /// also stands for the readers of the task's journal, which never see write-only values).
+    pub fn reader(&self) -> ReaderView<'_> {
+        self.schema.view_of(&self.scope.reads)
+    }
 }
 
 /// The board's part of an accepted answer, applied to the board version the prompt showed.
@@ -59,6 +68,35 @@ pub fn mounted_view(task_state: &Value, board_state: &Value, scope: &BoardScope)
 /// a top-level `board` member cannot be attached (the two would collide).
 pub fn mount_is_free(task_state: &Value) -> bool {
     task_state.get(MOUNT).is_none()
+}
+
+/// Why tasks of `skill` cannot be attached to a board, when they cannot: the skill declares no
+/// `[board]` table (nothing to read or write), or its own state has, or its schema declares, a
+/// top-level `board` member, where the board is shown. Checked before a task joins, so a
+/// refused join stores nothing.
+pub fn join_problem(skill: &crate::Skill) -> Option<String> {
+    if skill.settings().board.is_none() {
+        return Some(format!(
+            "skill `{}` has no [board] table in skill.toml; declare what it reads and writes there ([board] reads = [\"/plan\"], writes = [\"/plan/mine\"])",
+            skill.name()
+        ));
+    }
+    let schema = skill.schema.document();
+    let declared = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| p.contains_key(MOUNT))
+        || schema
+            .get("required")
+            .and_then(Value::as_array)
+            .is_some_and(|r| r.iter().any(|name| name == MOUNT));
+    if declared || !mount_is_free(&skill.definition.initial_state) {
+        return Some(format!(
+            "the own state of skill `{}` has a top-level `{MOUNT}` member (in state.schema.json or state.init.json), where the board is shown to the model; rename that member",
+            skill.name()
+        ));
+    }
+    None
 }
 
 /// A patch split into the task's part and the board's part.
@@ -151,6 +189,13 @@ fn split_patch(raw: &Value, rejections: &mut Vec<Rejection>) -> Option<Split> {
     }
 }
 
+/// The board's part of a board member's `state_patch`, as [`validate_board_step`] splits it
+/// (paths relative to the board); `None` when it has none or does not split.
+pub fn board_part(state_patch: &Value) -> Option<Value> {
+    let mut ignored = Vec::new();
+    split_patch(state_patch, &mut ignored).and_then(|split| split.board)
+}
+
 /// `Ok(true)` for a path inside the board, `Ok(false)` outside it, `Err` for the board itself.
 fn on_board(path: &str) -> Result<bool, ()> {
     let mount = format!("/{MOUNT}");
@@ -200,6 +245,7 @@ pub fn validate_board_step(
             task_state,
             &split.task,
             "/state_patch",
+            &rules.schema.whole_view(),
             &mut rejections,
         );
         if let Some(raw_board) = &split.board {
@@ -274,7 +320,7 @@ fn check_board_patch(
         rejections.extend(outside.into_iter().map(mounted));
         return Some(None);
     }
-    match apply_board(board.schema, &patch, board_state) {
+    match apply_board(board.schema, &patch, board_state, &board.reader()) {
         Ok(change) => Some(Some(change)),
         Err(problems) => {
             rejections.extend(problems.into_iter().map(mounted));
@@ -285,11 +331,13 @@ fn check_board_patch(
 
 /// Applies a board patch to `board_state` and checks the result against the board's schema and
 /// read-only fields: what an accepted answer's board part, and the same patch rebased onto a
-/// newer version, must pass. Rejection pointers are into the board (not yet mounted).
+/// newer version, must pass. Rejection pointers are into the board (not yet mounted); schema
+/// problems are rendered for `reader` (the writer's reads: [`BoardRules::reader`]).
 pub fn apply_board(
     schema: &StateSchema,
     patch: &StatePatch,
     board_state: &Value,
+    reader: &ReaderView<'_>,
 ) -> Result<BoardChange, Vec<Rejection>> {
     let new_state = patch.apply(board_state).map_err(|problem| {
         vec![Rejection {
@@ -302,7 +350,7 @@ pub fn apply_board(
     match schema.check_write(board_state, &new_state) {
         WriteCheck::Fine => {}
         WriteCheck::ReadOnly(read_only) => {
-            return Err(read_only
+            return Err(named_once(read_only, reader)
                 .into_iter()
                 .map(|pointer| Rejection {
                     kind: RejectionKind::ReadOnly,
@@ -314,16 +362,13 @@ pub fn apply_board(
                 })
                 .collect());
         }
-        WriteCheck::Invalid(violations) => {
-            return Err(violations
-                .into_iter()
-                .map(|v| Rejection {
-                    kind: RejectionKind::Schema,
-                    document: Document::State,
-                    message: format!("after the patch the board breaks its schema: {}", v.message),
-                    pointer: v.pointer,
-                })
-                .collect());
+        WriteCheck::Invalid(problems) => {
+            return Err(schema_rejections(
+                &problems,
+                reader,
+                "the board",
+                "its schema",
+            ));
         }
     }
     Ok(BoardChange {
@@ -342,13 +387,17 @@ pub fn mounted(mut rejection: Rejection) -> Rejection {
 }
 
 /// The rejections that tell a writer its answer met others' writes: one per conflicting
-/// location, with its fresh value as far as the writer's reads show it.
+/// location, with its fresh value as far as the writer's reads show it, write-only values
+/// (of the board's `schema`) reading `[redacted]`: a rejection is kept in the task's journal,
+/// whose readers never see them.
 pub fn conflict_rejections(
     conflict: &Conflict,
     newest: &Value,
     scope: &BoardScope,
+    schema: &StateSchema,
 ) -> Vec<Rejection> {
-    let visible = project(newest, scope);
+    let mut visible = project(newest, scope);
+    schema.write_only().redact(&mut visible);
     conflict
         .pointers
         .iter()

@@ -58,10 +58,13 @@ fn check_merge(
             (Value::Object(inner), None | Some(Value::Object(_))) if leads_to_write => {
                 check_merge(inner, &pointer, existing, scope, out);
             }
+            // What it holds is named only when the skill reads it.
             (Value::Object(_), Some(other)) if leads_to_write => out.push(outside_writes(
                 &pointer,
                 scope,
-                &if other.is_array() {
+                &if !scope.can_read(&pointer) {
+                    "; it holds something this skill does not read, which merging an object into would replace".to_owned()
+                } else if other.is_array() {
                     "; it holds an array, which merging an object into would replace: change the elements this skill owns with a JSON Patch `replace` instead".to_owned()
                 } else {
                     format!(

@@ -16,9 +16,9 @@ use serde_json::{Map, Value};
 pub use frontmatter::name_problem;
 pub use ranges::{Allowed, RangeProblem, SettingRange, check_ranges};
 pub use settings::{
-    Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS, DEFAULT_OBSERVATION_TOKENS,
-    DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits, ShellSettings, SkillSettings,
-    ToolSelection, UnknownOutcome, line_column,
+    BoardEntryPosition, Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS,
+    DEFAULT_OBSERVATION_TOKENS, DEFAULT_STATE_TOKENS, EnvironmentSettings, RunLimits,
+    ShellSettings, SkillSettings, ToolSelection, UnknownOutcome, board_entries, line_column,
 };
 pub use settings::{SKILL_RANGES, SettingsProblem};
 
@@ -374,7 +374,8 @@ impl<'a> Loader<'a> {
         let schema = schema?;
         let violations = schema.violations(&state);
         if !violations.is_empty() {
-            for v in violations {
+            let reader = schema.whole_view();
+            for v in violations.iter().map(|v| v.render(&reader)) {
                 if file_present {
                     self.error(
                         INIT_FILE,

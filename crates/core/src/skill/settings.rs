@@ -192,18 +192,43 @@ impl SkillSettings {
     }
 }
 
-/// Every bad entry of the `[board]` table, located at its string (`board.reads[2]: ...`). A
-/// table of the wrong shape gives none here: the settings parser names the type it expected.
+/// Every bad entry of the `[board]` table, located at its string (`board.reads[2]: ...`): the
+/// scope's rules ([`BoardScope::parse`]), and writes that overlap ([`BoardScope::overlapping_writes`],
+/// checked here where a skill is written, not when a stored one is read). A table of the wrong
+/// shape gives none here: the settings parser names the type it expected.
 fn board_problems(text: &str) -> Vec<SettingsProblem> {
-    use toml::de::{DeTable, DeValue};
-    let Ok(document) = DeTable::parse(text) else {
+    let Some((table, positions)) = board_entries(text) else {
         return Vec::new();
     };
+    let problems = match BoardScope::parse(&table) {
+        Ok(scope) => scope.overlapping_writes(),
+        Err(problems) => problems,
+    };
+    problems
+        .into_iter()
+        .map(|problem| {
+            let position = positions
+                .iter()
+                .find(|(list, index, _)| *list == problem.list && *index == problem.index)
+                .map(|(_, _, position)| *position);
+            (position, problem.to_string())
+        })
+        .collect()
+}
+
+/// Where an entry of the `[board]` table is: its list, its index, its 1-based line and column.
+pub type BoardEntryPosition = (ScopeList, usize, (usize, usize));
+
+/// The `[board]` table of `skill.toml` text as written, with the position of each entry;
+/// `None` without a table of strings.
+pub fn board_entries(text: &str) -> Option<(BoardTable, Vec<BoardEntryPosition>)> {
+    use toml::de::{DeTable, DeValue};
+    let document = DeTable::parse(text).ok()?;
     let Some(DeValue::Table(board)) = document.get_ref().get("board").map(|v| v.get_ref()) else {
-        return Vec::new();
+        return None;
     };
     let mut table = BoardTable::default();
-    let mut spans = Vec::new();
+    let mut positions = Vec::new();
     for (list, entries) in [
         (ScopeList::Reads, &mut table.reads),
         (ScopeList::Writes, &mut table.writes),
@@ -213,25 +238,17 @@ fn board_problems(text: &str) -> Vec<SettingsProblem> {
         };
         for item in items {
             let DeValue::String(entry) = item.get_ref() else {
-                return Vec::new();
+                return None;
             };
             entries.push(entry.to_string());
-            spans.push((list, entries.len() - 1, item.span().start));
+            positions.push((
+                list,
+                entries.len() - 1,
+                line_column(text, item.span().start),
+            ));
         }
     }
-    match BoardScope::parse(&table) {
-        Ok(_) => Vec::new(),
-        Err(problems) => problems
-            .into_iter()
-            .map(|problem| {
-                let position = spans
-                    .iter()
-                    .find(|(list, index, _)| *list == problem.list && *index == problem.index)
-                    .map(|(_, _, start)| line_column(text, *start));
-                (position, problem.to_string())
-            })
-            .collect(),
-    }
+    Some((table, positions))
 }
 
 /// 1-based line and column of byte `offset` in `text`.

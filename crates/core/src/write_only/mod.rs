@@ -501,7 +501,7 @@ fn array_index(token: &str) -> Option<usize> {
 
 /// A validator that accepts the strings `pattern` matches, as the state schema's validator
 /// matches `patternProperties` (the linear-time regex engine).
-fn compile_pattern(pattern: &str) -> Option<jsonschema::Validator> {
+pub(crate) fn compile_pattern(pattern: &str) -> Option<jsonschema::Validator> {
     jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .with_pattern_options(jsonschema::PatternOptions::regex())

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use skillstate_core::board::{BoardScope, Pointer, check_writes, project, rebase};
+use skillstate_core::board::{BoardScope, Pointer, check_writes, project, project_schema, rebase};
 use skillstate_core::validate::validate_patch;
 use skillstate_core::{StatePatch, StateSchema};
 use skillstate_store::{
@@ -156,7 +156,9 @@ pub async fn create_board(
                     "a board's state is a JSON object",
                 ));
             } else {
-                errors.extend(schema.violations(&initial_state).into_iter().map(|v| {
+                let reader = schema.whole_view();
+                errors.extend(schema.violations(&initial_state).iter().map(|v| {
+                    let v = v.render(&reader);
                     FieldError::new("schema", format!("/initial_state{}", v.pointer), v.message)
                 }));
             }
@@ -246,6 +248,11 @@ pub async fn list_boards(
 }
 
 /// Gets a board: its name, version, schema and members (not its state: GET …/state).
+///
+/// A key limited to board pointers gets the schema projected to its reads: the subschemas of
+/// what it reads whole, and on the way to them only `type`, `readOnly`/`writeOnly`, the
+/// `required` members and `properties` that lead to a read — nothing that names, counts or
+/// constrains the members it cannot read (README, "Boards over HTTP").
 #[utoipa::path(
     get,
     path = "/v1/boards/{id}",
@@ -273,7 +280,11 @@ pub async fn get_board(
         Err(StoreError::NoSuchBoard(_)) => return Err(ApiError::no_board(&id)),
         Err(other) => return Err(other.into()),
     };
-    let response = axum::Json(BoardView::of(&board, members)).into_response();
+    let mut view = BoardView::of(&board, members);
+    if let Some(scope) = &caller.scope {
+        view.schema = project_schema(&board.schema, &scope.reads);
+    }
+    let response = axum::Json(view).into_response();
     Ok(with_etag(response, board.version))
 }
 
@@ -405,7 +416,6 @@ pub async fn patch_board_state(
         if let Some(scope) = &caller.scope {
             check_writes(&parsed, &board.state, scope).map_err(|rejections| {
                 refused(
-                    &board.schema,
                     "the patch writes outside this API key's writes",
                     &rejections,
                 )
@@ -426,15 +436,17 @@ pub async fn patch_board_state(
                 }
             }
         };
-        let accepted = validate_patch(&schema, BOARD_STATE_TOKENS, &board.state, &patch).map_err(
-            |rejections| {
-                refused(
-                    &board.schema,
-                    "the patch was refused by the board's state rules",
-                    &rejections,
-                )
-            },
-        )?;
+        let reader = match &caller.scope {
+            Some(scope) => schema.view_of(&scope.reads),
+            None => schema.whole_view(),
+        };
+        let accepted = validate_patch(&schema, BOARD_STATE_TOKENS, &board.state, &patch, &reader)
+            .map_err(|rejections| {
+            refused(
+                "the patch was refused by the board's state rules",
+                &rejections,
+            )
+        })?;
         let write = BoardWrite {
             patch: patch.clone(),
             state_hash: accepted.state_hash,
@@ -470,20 +482,15 @@ pub async fn patch_board_state(
     })
 }
 
-/// A 422 listing `rejections`, their texts cleaned of write-only values.
-fn refused(schema: &Value, detail: &str, rejections: &[skillstate_core::Rejection]) -> ApiError {
-    let hide = board_hides_values(schema);
+/// A 422 listing `rejections`. Their texts were rendered for the caller by core: schema
+/// problems through the caller's reads, with no value of the board quoted; scope refusals name
+/// the patch's own pointers.
+fn refused(detail: &str, rejections: &[skillstate_core::Rejection]) -> ApiError {
     ApiError::invalid(
         detail,
         rejections
             .iter()
-            .map(|r| {
-                let mut error = FieldError::from_rejection(r, "");
-                if hide {
-                    error.message = format!("{} at this location", r.kind.as_str());
-                }
-                error
-            })
+            .map(|r| FieldError::from_rejection(r, ""))
             .collect(),
     )
 }

@@ -322,7 +322,9 @@ pub struct ForkRequest {
 ///
 /// The new task has the state after `step`, the history up to it, the same skill, tools,
 /// context and model, and belongs to the same tenant; the original is untouched. For simulated
-/// worlds the world is rebuilt as it was at that step by replaying the recorded actions.
+/// worlds the world is rebuilt as it was at that step by replaying the recorded actions. A fork
+/// of a board member is a member of the same board from its creation (the same skill, so the
+/// same scope): its prompts show the board as it is then, and its steps write it.
 #[utoipa::path(
     post,
     path = "/v1/tasks/{id}/fork",

@@ -31,10 +31,16 @@ pub struct BoardView {
     pub name: String,
     /// Writes so far; the state's version (its ETag). The initial state is version 0.
     pub version: u64,
-    /// The board's state schema.
+    /// The board's state schema. For a key limited to board pointers, the schema projected to
+    /// its reads: what it reads whole is described in full, and on the way to it only `type`,
+    /// `readOnly`/`writeOnly`, `required` and `properties` leading to a read; keywords about
+    /// the other members (`maxProperties`, `dependentRequired`, `propertyNames`, `if`/`then`,
+    /// `additionalProperties`, ...) are left out, and references point at renamed copies
+    /// under `$defs`.
     #[schema(value_type = Object)]
     pub schema: Value,
-    /// The tasks attached to the board, in the order they joined.
+    /// The tasks attached to the board, in the order they joined (a fork of a member is a
+    /// member from its creation).
     pub members: Vec<String>,
     #[schema(format = DateTime)]
     pub created_at: String,

@@ -17,7 +17,7 @@ use skillstate_core::json::canonical;
 use skillstate_core::secrets::REDACTED;
 use skillstate_core::write_only::mentions_write_only;
 use skillstate_core::{SecretValues, WriteOnly};
-use skillstate_store::{JournalEntry, Store, TaskRecord, state_at};
+use skillstate_store::{JournalEntry, Store, TaskRecord, member_board_secrets, state_at};
 
 use crate::problem::ApiError;
 
@@ -65,8 +65,8 @@ pub(crate) fn shown_patch(schema: &Value, mut patch: Value) -> Value {
     patch
 }
 
-/// Whether `schema` marks anything write-only: then hashes of its states are withheld and
-/// validation messages (which may quote a value) are not shown.
+/// Whether `schema` marks anything write-only: then hashes of its states are withheld (a
+/// short secret could be found by hashing guesses).
 pub(crate) fn board_hides_values(schema: &Value) -> bool {
     !write_only_of(schema).is_empty()
 }
@@ -104,19 +104,17 @@ impl Redaction {
 
     /// The task's locations and the write-only values of its whole kept history: the current
     /// state, the initial state (while kept), and whatever every answer's patch wrote, accepted
-    /// or not. `journal` when the caller has read it already.
+    /// or not; for a board member, also its board's write-only values
+    /// (`member_board_secrets`). `journal` when the caller has read it already.
     pub(crate) async fn of_history(
         store: &dyn Store,
         task: &TaskRecord,
         journal: Option<&[JournalEntry]>,
     ) -> Result<Self, ApiError> {
         let mut redaction = Self::of_task(task);
-        if redaction.write_only.is_empty() {
+        let member = store.task_board(&task.id).await?.is_some();
+        if !member && redaction.write_only.is_empty() {
             return Ok(redaction);
-        }
-        // A compacted journal no longer has the initial state; its patches still count.
-        if let Ok(initial) = state_at(store, &task.id, 0, task.version).await {
-            redaction.add_state(&initial);
         }
         let read;
         let journal = match journal {
@@ -126,6 +124,17 @@ impl Redaction {
                 &read
             }
         };
+        // A board member's prompts show its board, write-only values included.
+        if member && let Some(board) = member_board_secrets(store, &task.id, journal).await? {
+            redaction.secrets.extend(&board);
+        }
+        if redaction.write_only.is_empty() {
+            return Ok(redaction);
+        }
+        // A compacted journal no longer has the initial state; its patches still count.
+        if let Ok(initial) = state_at(store, &task.id, 0, task.version).await {
+            redaction.add_state(&initial);
+        }
         for entry in journal {
             redaction.write_only.collect_answer(
                 entry.patch.as_ref(),

@@ -14,8 +14,9 @@ use crate::board_rows::{
     summary_from_row, write_from_row,
 };
 use crate::boards::*;
-use crate::model::StepCommit;
+use crate::model::{NewTask, StepCommit, TaskRecord};
 use crate::rows::{decode, to_json};
+use crate::traits::Tasks;
 use crate::{Result, StoreError, now_millis};
 
 /// The board write of [`Boards::commit_board_write`] on `conn` (inside the caller's
@@ -309,6 +310,37 @@ impl Boards for PostgresStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn create_board_task(
+        &self,
+        board: &str,
+        task: NewTask,
+        initial_state: &Value,
+    ) -> Result<TaskRecord> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        // Locked against a concurrent delete until the membership is written.
+        let found: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM boards WHERE id = $1 FOR KEY SHARE")
+                .bind(board)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if found.is_none() {
+            return Err(StoreError::NoSuchBoard(board.to_owned()));
+        }
+        super::tasks::insert_task(&mut tx, &id, &task, initial_state, None, now).await?;
+        sqlx::query(
+            "INSERT INTO board_members (task_id, board_id, attached_at) VALUES ($1, $2, $3)",
+        )
+        .bind(&id)
+        .bind(board)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.task(&id).await
     }
 
     async fn task_board(&self, task: &str) -> Result<Option<String>> {

@@ -198,6 +198,15 @@ impl Tasks for PostgresStore {
         .execute(&mut *tx)
         .await?;
         upsert_snapshot(&mut tx, &id, at, state).await?;
+        // A fork of a board member is a member of the same board (its skill's scope).
+        sqlx::query(
+            "INSERT INTO board_members (task_id, board_id, attached_at) SELECT $1, board_id, $2 FROM board_members WHERE task_id = $3",
+        )
+        .bind(&id)
+        .bind(now)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(CREATED_EVENTS)
             .bind([&id])
             .bind(now)

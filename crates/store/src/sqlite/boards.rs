@@ -10,13 +10,15 @@ use super::SqliteStore;
 use super::ops::Write;
 use super::ops_boards::{Attach, BoardWriteOp, DeleteBoard, NewBoardWrite, StepWithBoard};
 use super::ops_steps::Step;
+use super::ops_tasks::{NewTasks, TaskRow};
 use crate::board_rows::{
     SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, snapshot_from_row,
     summary_from_row, write_from_row,
 };
 use crate::boards::*;
-use crate::model::StepCommit;
+use crate::model::{NewTask, StepCommit, TaskRecord};
 use crate::rows::{decode, to_json};
+use crate::traits::Tasks;
 use crate::{Result, StoreError, now_millis};
 
 impl SqliteStore {
@@ -197,6 +199,24 @@ impl Boards for SqliteStore {
             now: now_millis(),
         }))
         .await
+    }
+
+    async fn create_board_task(
+        &self,
+        board: &str,
+        task: NewTask,
+        initial_state: &Value,
+    ) -> Result<TaskRecord> {
+        let row = TaskRow::new(&task, initial_state, None);
+        let id = row.id.clone();
+        self.write_done(Write::NewTasks(NewTasks {
+            rows: vec![row],
+            batch: None,
+            board: Some(board.to_owned()),
+            now: now_millis(),
+        }))
+        .await?;
+        self.task(&id).await
     }
 
     async fn task_board(&self, task: &str) -> Result<Option<String>> {

@@ -73,10 +73,11 @@ impl TaskRow {
     }
 }
 
-/// New tasks, queued in `batch` when given; created at `now`.
+/// New tasks, queued in `batch` when given, attached to `board` when given; created at `now`.
 pub(super) struct NewTasks {
     pub(super) rows: Vec<TaskRow>,
     pub(super) batch: Option<String>,
+    pub(super) board: Option<String>,
     pub(super) now: i64,
 }
 
@@ -91,7 +92,25 @@ impl NewTasks {
                 return Err(StoreError::NoSuchBatch(batch.clone()).into());
             }
         }
-        insert_tasks(conn, &self.rows, self.batch.as_deref(), self.now)
+        if let Some(board) = &self.board {
+            let found: Option<i64> = conn
+                .prepare_cached("SELECT 1 FROM boards WHERE id = ?")?
+                .query_row([board], |row| row.get(0))
+                .optional()?;
+            if found.is_none() {
+                return Err(StoreError::NoSuchBoard(board.clone()).into());
+            }
+        }
+        insert_tasks(conn, &self.rows, self.batch.as_deref(), self.now)?;
+        if let Some(board) = &self.board {
+            let mut member = conn.prepare_cached(
+                "INSERT INTO board_members (task_id, board_id, attached_at) VALUES (?, ?, ?)",
+            )?;
+            for row in &self.rows {
+                member.execute(params![row.id, board, self.now])?;
+            }
+        }
+        Ok(())
     }
 }
 

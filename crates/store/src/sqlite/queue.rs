@@ -82,6 +82,7 @@ impl Queue for SqliteStore {
         self.write_done(Write::NewTasks(NewTasks {
             rows,
             batch: Some(batch.to_owned()),
+            board: None,
             now: now_millis(),
         }))
         .await?;

@@ -21,6 +21,7 @@ impl Tasks for SqliteStore {
         self.write_done(Write::NewTasks(NewTasks {
             rows: vec![row],
             batch: None,
+            board: None,
             now: now_millis(),
         }))
         .await?;
@@ -136,6 +137,15 @@ impl Tasks for SqliteStore {
             .bind(state_hash(state))
             .execute(&mut *tx)
             .await?;
+        // A fork of a board member is a member of the same board (its skill's scope).
+        sqlx::query(
+            "INSERT INTO board_members (task_id, board_id, attached_at) SELECT ?, board_id, ? FROM board_members WHERE task_id = ?",
+        )
+        .bind(&id)
+        .bind(now)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(CREATED_EVENT)
             .bind(now)
             .bind(&id)

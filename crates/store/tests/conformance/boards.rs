@@ -402,6 +402,50 @@ async fn a_task_belongs_to_one_board_and_deletes_cascade() -> anyhow::Result<()>
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_is_created_with_its_membership_and_a_fork_inherits_it() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let board = store
+            .create_board(new_board("team", None, json!({})))
+            .await?;
+        // No such board: nothing stored at all.
+        let tasks_before = db.count("SELECT COUNT(*) FROM tasks").await?;
+        match store
+            .create_board_task(
+                "0190a000-0000-7000-8000-000000000000",
+                new_task(),
+                &json!({}),
+            )
+            .await
+        {
+            Err(StoreError::NoSuchBoard(_)) => {}
+            other => bail!("a member of a missing board: {other:?}"),
+        }
+        assert_eq!(db.count("SELECT COUNT(*) FROM tasks").await?, tasks_before);
+        assert_eq!(db.count("SELECT COUNT(*) FROM board_members").await?, 0);
+        // Created a member, in one write.
+        let member = store
+            .create_board_task(&board.id, new_task(), &json!({"n": 1}))
+            .await?;
+        assert_eq!(member.state, json!({"n": 1}));
+        assert_eq!(store.task_board(&member.id).await?, Some(board.id.clone()));
+        // A fork of a member is a member of the same board; a fork of another task of none.
+        let fork = store
+            .fork_task(&member.id, 0, &json!({"n": 1}), None)
+            .await?;
+        assert_eq!(
+            store.board_members(&board.id).await?,
+            [member.id.clone(), fork.id.clone()]
+        );
+        let plain = store.create_task(new_task(), &json!({})).await?;
+        let plain_fork = store.fork_task(&plain.id, 0, &json!({}), None).await?;
+        assert_eq!(store.task_board(&plain_fork.id).await?, None);
+        Ok(())
+    })
+    .await
+}
+
 /// Writers and rounds of the race.
 const WRITERS: usize = 4;
 const ROUNDS: u64 = 5;

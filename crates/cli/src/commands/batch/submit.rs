@@ -176,7 +176,8 @@ pub(crate) fn prepare_one(
 /// A task's own initial state must satisfy the schema and fit the state budget, as
 /// state.init.json must. The error starts with the JSON pointer.
 fn check_state(skill: &Skill, state: &Value) -> Result<(), String> {
-    if let Some(violation) = skill.schema.violations(state).into_iter().next() {
+    if let Some(problem) = skill.schema.violations(state).first() {
+        let violation = problem.render(&skill.schema.whole_view());
         return Err(format!(
             "{}: does not satisfy the skill's state.schema.json: {}",
             violation.pointer, violation.message
