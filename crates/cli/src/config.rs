@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use skillstate_providers::{Price, ProviderSettings, Usage};
-use skillstate_tools::builtin::{SandboxConfig, SandboxLimits, SandboxMode};
+use skillstate_tools::builtin::{ProtectedPaths, SandboxConfig, SandboxLimits, SandboxMode};
 use skillstate_tools::mcp::McpServerConfig;
 
 pub const CONFIG_FILE: &str = "skillstate.toml";
@@ -23,6 +23,62 @@ pub struct Config {
     /// `[store]`: `snapshot_every = 100`.
     pub store: skillstate_store::StoreOptions,
     pub secrets: SecretsConfig,
+    /// Where this process keeps its files (not read from the file: `--data-dir`, `--db` and
+    /// the configuration's own path, set by [`load_config`]).
+    #[serde(skip)]
+    pub site: Site,
+}
+
+/// The data directory (default `.skillstate`): the database directory `db/` (unless `--db`
+/// names another database) and `work/`, where each task that names no work directory of the
+/// operator's gets one of its own.
+pub const DEFAULT_DATA_DIR: &str = ".skillstate";
+
+/// Where this process keeps its files, and which of them no confined root may reach.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Site {
+    pub data_dir: PathBuf,
+    /// The runtime's own files: the database's directory, the configuration file.
+    pub protected: ProtectedPaths,
+}
+
+/// The data directory and database of this process, set once by `main` before any command
+/// loads its configuration.
+static PROCESS_SITE: std::sync::OnceLock<(PathBuf, String)> = std::sync::OnceLock::new();
+
+/// Records the data directory and the database location every later [`load_config`] attaches.
+pub fn set_process_site(data_dir: PathBuf, db: String) {
+    let _ = PROCESS_SITE.set((data_dir, db));
+}
+
+impl Site {
+    /// The site of a process with `data_dir`, database `db` (as `--db` takes it) and
+    /// configuration file `config_file`.
+    pub fn new(data_dir: &Path, db: &str, config_file: Option<&Path>) -> Self {
+        let mut protected = ProtectedPaths::nothing();
+        if let Some(file) = skillstate_store::database_file(db) {
+            let dir = match file.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            protected.add(
+                &dir,
+                "the database directory (its -wal, -shm and -journal files too)",
+            );
+        }
+        if let Some(file) = config_file {
+            protected.add(file, "the configuration file");
+        }
+        Self {
+            data_dir: data_dir.to_path_buf(),
+            protected,
+        }
+    }
+
+    /// Where tasks' own work directories are made.
+    pub fn work_parent(&self) -> PathBuf {
+        self.data_dir.join("work")
+    }
 }
 
 /// `[secrets]`: environment variables whose values are secret, besides the model's API key.
@@ -77,6 +133,10 @@ pub struct ToolsConfig {
     pub sandbox_max_file_bytes: u64,
     /// CPU seconds of each sandboxed process (RLIMIT_CPU).
     pub sandbox_cpu_secs: u64,
+    /// Directories under which a skill's absolute `[tools] work_dir` may lie (the operator's
+    /// choice; `serve`/`worker --work-root` and a batch file's `work_roots:` add to it). A skill
+    /// naming any other absolute directory is refused by `validate` and at run time.
+    pub work_roots: Vec<PathBuf>,
 }
 
 impl Default for ToolsConfig {
@@ -91,14 +151,28 @@ impl Default for ToolsConfig {
             sandbox_memory_bytes: limits.memory_bytes,
             sandbox_max_file_bytes: limits.max_file_bytes,
             sandbox_cpu_secs: limits.cpu_secs,
+            work_roots: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// The sandbox settings `shell.exec` is built with.
+    pub fn sandbox_config(&self) -> SandboxConfig {
+        let tools = &self.tools;
+        SandboxConfig {
+            protected: self.site.protected.clone(),
+            ..tools.sandbox_config()
         }
     }
 }
 
 impl ToolsConfig {
-    /// The sandbox settings `shell.exec` is built with.
-    pub fn sandbox_config(&self) -> SandboxConfig {
+    /// The sandbox settings of this section alone (nothing protected: see
+    /// [`Config::sandbox_config`]).
+    fn sandbox_config(&self) -> SandboxConfig {
         SandboxConfig {
+            protected: ProtectedPaths::nothing(),
             mode: self.sandbox,
             bwrap: self.sandbox_bwrap.clone(),
             read_paths: self.sandbox_read_paths.clone(),
@@ -153,16 +227,34 @@ impl Config {
     }
 }
 
-/// Reads `path`, or ./skillstate.toml when it exists, or the defaults.
+/// Reads `path`, or ./skillstate.toml when it exists, or the defaults; with the site of this
+/// process (its data directory, database and configuration file) attached.
 pub fn load_config(path: Option<&Path>) -> Result<Config> {
     let path = match path {
-        Some(path) => path.to_path_buf(),
-        None if Path::new(CONFIG_FILE).is_file() => Path::new(CONFIG_FILE).to_path_buf(),
-        None => return Ok(Config::default()),
+        Some(path) => Some(path.to_path_buf()),
+        None if Path::new(CONFIG_FILE).is_file() => Some(Path::new(CONFIG_FILE).to_path_buf()),
+        None => None,
     };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    Config::from_toml(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))
+    let mut config = match &path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            Config::from_toml(&text, &path.display().to_string())
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+        None => Config::default(),
+    };
+    let (data_dir, db) = PROCESS_SITE.get().cloned().unwrap_or_else(|| {
+        (
+            PathBuf::from(DEFAULT_DATA_DIR),
+            skillstate_store::DEFAULT_DB.to_owned(),
+        )
+    });
+    // The default configuration file is protected even before it exists: a command must not
+    // be able to create it inside a work directory.
+    let config_file = path.unwrap_or_else(|| PathBuf::from(CONFIG_FILE));
+    config.site = Site::new(&data_dir, &db, Some(&config_file));
+    Ok(config)
 }
 
 /// Opens the database named by `--db` for a command that only looks: nothing is created or
@@ -180,11 +272,28 @@ pub fn lease_policy(config: &Config, command: &str) -> skillstate_runtime::Lease
     }
 }
 
+/// Creates `dir` and its missing parents, readable and writable by the owner only.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
 /// Opens the database named by `--db` with the `[store]` options of the configuration.
 pub async fn open_store(
     db: &str,
     config: &Config,
 ) -> Result<std::sync::Arc<dyn skillstate_store::Store>> {
+    if let Some(dir) =
+        skillstate_store::database_file(db).and_then(|f| f.parent().map(Path::to_path_buf))
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        create_private_dir(&dir)
+            .with_context(|| format!("cannot create the database directory {}", dir.display()))?;
+    }
     Ok(skillstate_store::open_with(db, &config.store).await?)
 }
 

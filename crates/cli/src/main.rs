@@ -13,7 +13,6 @@ mod toolbox;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -23,9 +22,14 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     about = "Run long-horizon LLM agents on explicit, validated state"
 )]
 struct Cli {
-    /// Database: a SQLite file path (created if missing).
-    #[arg(long, global = true, env = "SKILLSTATE_DB", default_value = skillstate_store::DEFAULT_DB)]
-    db: String,
+    /// Database: a SQLite file path (created if missing) or a postgres:// URL. Default:
+    /// db/skillstate.db in the data directory.
+    #[arg(long, global = true, env = "SKILLSTATE_DB")]
+    db: Option<String>,
+    /// The data directory: the default database (db/) and the work directories tasks get
+    /// when the operator names none (work/).
+    #[arg(long, global = true, env = "SKILLSTATE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
     /// Model settings and prices (default: ./skillstate.toml when it exists).
     #[arg(long, global = true, env = "SKILLSTATE_CONFIG")]
     config: Option<PathBuf>,
@@ -100,17 +104,53 @@ fn protect_process() -> Result<(), String> {
     Ok(())
 }
 
+/// The command line with the database resolved.
+struct Resolved {
+    db: String,
+    config: Option<PathBuf>,
+    command: Command,
+}
+
+/// The data directory's database (its directory is created when a command first writes). A database
+/// of an earlier version in the current directory is not opened silently in its place.
+fn default_db(data_dir: &std::path::Path) -> Result<String, String> {
+    let db = data_dir.join("db").join("skillstate.db");
+    let legacy = std::path::Path::new("skillstate.db");
+    if !db.exists() && legacy.is_file() {
+        return Err(format!(
+            "./skillstate.db is a database of an earlier version, kept in the current directory, where a command's work directory could reach it. skillstate now keeps its database in {}. Move it there: mkdir -p {} && mv skillstate.db* {}/ (or name it with --db, keeping it apart from every work directory)",
+            db.display(),
+            data_dir.join("db").display(),
+            data_dir.join("db").display(),
+        ));
+    }
+    Ok(db.display().to_string())
+}
+
 fn main() -> ExitCode {
     let protected = protect_process();
     let matches = Cli::command().get_matches();
-    // `batch run`/`submit` use the batch file's `store:` unless --db or SKILLSTATE_DB was given.
-    let db_explicit = !matches!(
-        matches.value_source("db"),
-        None | Some(ValueSource::DefaultValue)
-    );
-    let cli = match Cli::from_arg_matches(&matches) {
+    let parsed = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(error) => error.exit(),
+    };
+    // `batch run`/`submit` use the batch file's `store:` unless --db or SKILLSTATE_DB was given.
+    let db_explicit = parsed.db.is_some();
+    let db = match parsed.db.clone() {
+        Some(db) => db,
+        None => match default_db(&parsed.data_dir) {
+            Ok(db) => db,
+            Err(error) => {
+                errln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    config::set_process_site(parsed.data_dir.clone(), db.clone());
+    let cli = Resolved {
+        db,
+        config: parsed.config,
+        command: parsed.command,
     };
     // Known secret values are cleaned from everything printed, logs included. A configuration
     // that does not load still protects the usual key variables; the command reports the error.

@@ -27,6 +27,10 @@ pub enum StoreError {
         "the database schema is version {found}, newer than this skillstate supports ({supported}); upgrade skillstate"
     )]
     SchemaTooNew { found: i64, supported: i64 },
+    #[error(
+        "task {task}: its stored skill and tools do not match the hash recorded when it was created ({detail}): the database was changed outside skillstate, so the task cannot be trusted to run. Restore the database from a backup, or start a new task from the skill"
+    )]
+    Tampered { task: String, detail: String },
     #[error("task {task}: the journal is inconsistent at step {step}: {message}")]
     Corrupt {
         task: String,

@@ -53,11 +53,28 @@ pub mod prelude {
     pub use crate::traits::{Journal as _, Leases as _, Release as _, Store, Tasks as _};
 }
 
-pub const DEFAULT_DB: &str = "skillstate.db";
+/// The database `skillstate` uses unless told otherwise: in the database directory of its data
+/// directory (`.skillstate`), apart from the work directories beside it.
+pub const DEFAULT_DB: &str = ".skillstate/db/skillstate.db";
 /// Full state snapshots are written every this many steps (plus step 0).
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 100;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The file a SQLite `location` (as [`open`] takes it) keeps its database in; `None` for a
+/// PostgreSQL URL or an in-memory database. Its `-wal`, `-shm` and `-journal` files lie beside
+/// it, in the same directory.
+pub fn database_file(location: &str) -> Option<std::path::PathBuf> {
+    if location.starts_with("postgres://")
+        || location.starts_with("postgresql://")
+        || location == "sqlite::memory:"
+        || location == ":memory:"
+    {
+        return None;
+    }
+    let path = location.strip_prefix("sqlite://").unwrap_or(location);
+    Some(std::path::PathBuf::from(path))
+}
 
 /// Opens the store named by `location`: a file path, `sqlite://path` or `sqlite::memory:`, or
 /// a `postgres://` / `postgresql://` URL (a schema other than `public` can be chosen with

@@ -58,6 +58,11 @@ pub const SQLITE: &[Migration] = &[
         name: "board_snapshots",
         sql: include_str!("../migrations/sqlite/0009_board_snapshots.sql"),
     },
+    Migration {
+        version: 10,
+        name: "spec_hash",
+        sql: include_str!("../migrations/sqlite/0010_spec_hash.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -106,6 +111,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "board_snapshots",
         sql: include_str!("../migrations/postgres/0009_board_snapshots.sql"),
     },
+    Migration {
+        version: 10,
+        name: "spec_hash",
+        sql: include_str!("../migrations/postgres/0010_spec_hash.sql"),
+    },
 ];
 
 /// Key of the transaction-scoped advisory lock that serialises migrations across processes.
@@ -141,6 +151,9 @@ pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<(), StoreError> {
         sqlx::raw_sql(AssertSqlSafe(migration.sql))
             .execute(&mut *tx)
             .await?;
+        if migration.name == "spec_hash" {
+            record_spec_hashes_sqlite(&mut tx).await?;
+        }
         sqlx::query("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)")
             .bind(migration.version)
             .bind(migration.name)
@@ -157,6 +170,41 @@ pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<(), StoreError> {
     {
         return Err(StoreError::SchemaTooNew { found, supported });
     }
+    Ok(())
+}
+
+/// Migration 10's Rust step on SQLite: the recorded hash of every earlier task's skill and
+/// tools (SQLite has no SHA-256 of its own), then the trigger that freezes them, again.
+async fn record_spec_hashes_sqlite(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+) -> Result<(), StoreError> {
+    // A thousand at a time: a big database's specs are never all in memory.
+    let mut after: i64 = 0;
+    loop {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT rowid, skill, tools FROM task_specs WHERE rowid > ? ORDER BY rowid LIMIT 1000",
+        )
+        .bind(after)
+        .fetch_all(&mut **tx)
+        .await?;
+        let Some((last, _, _)) = rows.last() else {
+            break;
+        };
+        after = *last;
+        for (rowid, skill, tools) in rows {
+            sqlx::query("UPDATE task_specs SET spec_hash = ? WHERE rowid = ?")
+                .bind(crate::rows::spec_hash(&skill, &tools))
+                .bind(rowid)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    sqlx::raw_sql(
+        "CREATE TRIGGER task_specs_frozen BEFORE UPDATE ON task_specs \
+         BEGIN SELECT RAISE(ABORT, 'a task''s skill and tools are frozen at its creation'); END",
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 

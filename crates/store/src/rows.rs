@@ -3,7 +3,7 @@
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use skillstate_core::{ContextStrategy, SkillDefinition};
+use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::model::*;
@@ -69,6 +69,46 @@ pub(crate) fn labels_of(text: Option<&str>) -> Result<Map<String, Value>> {
     }
 }
 
+/// The hash a task's skill and tools are recorded with when it is created (schema 10): SHA-256
+/// of the two texts exactly as stored, joined by a newline. PostgreSQL's migration 10 computes
+/// the same in SQL for tasks created before it.
+pub(crate) fn spec_hash(skill: &str, tools: &str) -> String {
+    skillstate_core::json::text_hash(&format!("{skill}\n{tools}"))
+}
+
+/// Decodes a task's stored skill and tools, once their texts match the hash recorded at the
+/// task's creation: the only way from stored texts to the skill a runner obeys. `recorded` is
+/// `None` only for a database from before schema 10 opened read-only, which has no hash.
+pub(crate) fn verified_spec(
+    task: &str,
+    skill: &str,
+    tools: &str,
+    recorded: Option<Option<&str>>,
+) -> Result<(SkillDefinition, Vec<ToolSpec>)> {
+    if let Some(recorded) = recorded {
+        let found = spec_hash(skill, tools);
+        match recorded {
+            Some(hash) if hash == found => {}
+            Some(hash) => {
+                return Err(StoreError::Tampered {
+                    task: task.to_owned(),
+                    detail: format!("recorded {hash}, found {found}"),
+                });
+            }
+            None => {
+                return Err(StoreError::Tampered {
+                    task: task.to_owned(),
+                    detail: "the recorded hash was removed".to_owned(),
+                });
+            }
+        }
+    }
+    Ok((
+        decode("skill of task", skill)?,
+        decode("tools of task", tools)?,
+    ))
+}
+
 pub(crate) fn task_from_row<R: Row>(row: &R) -> Result<TaskRecord>
 where
     for<'c> &'c str: ColumnIndex<R>,
@@ -80,9 +120,19 @@ where
     let status: String = row.try_get("status")?;
     let parent_task: Option<String> = row.try_get("parent_task")?;
     let parent_step: Option<i64> = row.try_get("parent_step")?;
+    let recorded = match row.try_get::<Option<String>, _>("spec_hash") {
+        Err(sqlx::Error::ColumnNotFound(_)) => None,
+        other => Some(other?),
+    };
+    let (skill, tools) = verified_spec(
+        &id,
+        &row.try_get::<String, _>("skill")?,
+        &row.try_get::<String, _>("tools")?,
+        recorded.as_ref().map(|hash| hash.as_deref()),
+    )?;
     Ok(TaskRecord {
-        skill: decode::<SkillDefinition>("skill of task", &row.try_get::<String, _>("skill")?)?,
-        tools: decode("tools of task", &row.try_get::<String, _>("tools")?)?,
+        skill,
+        tools,
         context: ContextStrategy::parse(&context).ok_or_else(|| StoreError::Decode {
             what: "context strategy".into(),
             message: format!("unknown strategy `{context}`"),

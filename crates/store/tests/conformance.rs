@@ -22,6 +22,9 @@ mod queue;
 #[path = "conformance/service.rs"]
 mod service;
 
+#[path = "conformance/spec_hash.rs"]
+mod spec_hash;
+
 #[path = "conformance/state_writes.rs"]
 mod state_writes;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use skillstate_core::{SideEffect, ToolSpec};
-use skillstate_tools::builtin::{WorkDir, fs_tools};
+use skillstate_tools::builtin::{ProtectedPaths, WorkDir, fs_tools};
 use skillstate_tools::{CallContext, OWN_LIMIT_GRACE, Tool, ToolError, ToolOutput, call_bounded};
 
 fn spec(name: &str) -> ToolSpec {
@@ -136,7 +136,7 @@ async fn a_tools_own_longer_limit_is_respected_by_the_outer_bound() {
 async fn fast_tools_pass_through_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("a.txt"), "hello\n").unwrap();
-    let tools = fs_tools(&WorkDir::new(tmp.path()).unwrap());
+    let tools = fs_tools(&WorkDir::new(tmp.path(), &ProtectedPaths::nothing()).unwrap());
     let read = tools.iter().find(|t| t.spec().name == "fs.read").unwrap();
     let ctx = CallContext::new("t", 1);
     let out = call_bounded(

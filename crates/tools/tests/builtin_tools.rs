@@ -4,7 +4,7 @@
 use std::os::unix::fs::symlink;
 
 use serde_json::json;
-use skillstate_tools::builtin::{ShellSettings, ShellTool, WorkDir, fs_tools};
+use skillstate_tools::builtin::{ProtectedPaths, ShellSettings, ShellTool, WorkDir, fs_tools};
 use skillstate_tools::{CallContext, Tool, ToolOutput};
 
 struct Fixture {
@@ -44,7 +44,7 @@ fn tool<'a>(tools: &'a [skillstate_tools::builtin::FsTool], name: &str) -> &'a d
 #[tokio::test]
 async fn path_escapes_are_refused() {
     let f = fixture();
-    let tools = fs_tools(&WorkDir::new(&f.root).unwrap());
+    let tools = fs_tools(&WorkDir::new(&f.root, &ProtectedPaths::nothing()).unwrap());
     let read = tool(&tools, "fs.read");
     let write = tool(&tools, "fs.write");
     const ABSOLUTE: &str = "is absolute; paths are relative to the work directory";
@@ -122,7 +122,7 @@ async fn path_escapes_are_refused() {
 #[tokio::test]
 async fn read_list_search_and_write() {
     let f = fixture();
-    let tools = fs_tools(&WorkDir::new(&f.root).unwrap());
+    let tools = fs_tools(&WorkDir::new(&f.root, &ProtectedPaths::nothing()).unwrap());
     assert_eq!(
         call(
             tool(&tools, "fs.read"),
@@ -174,7 +174,7 @@ async fn read_list_search_and_write() {
 #[tokio::test]
 async fn shell_reports_exit_codes_caps_output_times_out_and_filters_the_environment() {
     let f = fixture();
-    let root = WorkDir::new(&f.root).unwrap();
+    let root = WorkDir::new(&f.root, &ProtectedPaths::nothing()).unwrap();
     let settings = ShellSettings {
         timeout_secs: 1,
         max_output_bytes: 64,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use serde_json::{Value, json};
-use skillstate_tools::builtin::{FsTool, WorkDir, fs_tools};
+use skillstate_tools::builtin::{FsTool, ProtectedPaths, WorkDir, fs_tools};
 use skillstate_tools::{CallContext, Tool, ToolOutput};
 
 async fn call(tools: &[FsTool], name: &str, args: Value) -> ToolOutput {
@@ -149,7 +149,7 @@ impl Drop for Swapper {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlink_swap_races_never_leak_or_write_outside() {
     let f = race_fixture();
-    let tools = fs_tools(&WorkDir::new(&f.work).unwrap());
+    let tools = fs_tools(&WorkDir::new(&f.work, &ProtectedPaths::nothing()).unwrap());
     let swapper = Swapper::start(&f);
     let calls: [(&str, Value); 9] = [
         ("fs.read", json!({"path": "flip"})),
@@ -257,7 +257,7 @@ fn fifos_sockets_and_devices_are_refused_promptly() {
     let work = f.work.clone();
     let device = f.device;
     let outputs = finishes_within(60, "fs tools on special files", async move {
-        let tools = fs_tools(&WorkDir::new(&work).unwrap());
+        let tools = fs_tools(&WorkDir::new(&work, &ProtectedPaths::nothing()).unwrap());
         let mut names = vec!["pipe", "sock", "zero"];
         if device {
             names.push("zero_dev");
@@ -358,7 +358,7 @@ async fn paging_reaches_every_line_of_a_file_far_larger_than_one_answer() {
     let tmp = tempfile::tempdir().unwrap();
     let original = big_file(&tmp.path().join("big.log"), 40_000); // 2.5 MB
     assert!(original.len() > 2 * 1024 * 1024);
-    let tools = fs_tools(&WorkDir::new(tmp.path()).unwrap());
+    let tools = fs_tools(&WorkDir::new(tmp.path(), &ProtectedPaths::nothing()).unwrap());
 
     // The whole-file read answers with the first part and says how to go on ...
     let first = call(&tools, "fs.read", json!({"path": "big.log"})).await;
@@ -422,7 +422,7 @@ async fn a_single_line_longer_than_the_cap_is_cut_with_a_marker_and_paging_goes_
     // One 600 KB line of multi-byte characters, then a short one.
     let long = "é".repeat(300_000);
     std::fs::write(tmp.path().join("wide.txt"), format!("{long}\nafter\n")).unwrap();
-    let tools = fs_tools(&WorkDir::new(tmp.path()).unwrap());
+    let tools = fs_tools(&WorkDir::new(tmp.path(), &ProtectedPaths::nothing()).unwrap());
     let out = call(&tools, "fs.read", json!({"path": "wide.txt"})).await;
     assert!(out.ok, "{}", &out.text[out.text.len() - 200..]);
     let (body, next) = split_marker(&out.text);
@@ -440,7 +440,7 @@ async fn a_single_line_longer_than_the_cap_is_cut_with_a_marker_and_paging_goes_
 async fn binary_files_are_refused_as_text() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("blob.bin"), b"ok\n\xff\xfe\x00\n").unwrap();
-    let tools = fs_tools(&WorkDir::new(tmp.path()).unwrap());
+    let tools = fs_tools(&WorkDir::new(tmp.path(), &ProtectedPaths::nothing()).unwrap());
     let out = call(&tools, "fs.read", json!({"path": "blob.bin"})).await;
     assert!(!out.ok);
     assert!(
@@ -467,7 +467,7 @@ async fn writes_replace_atomically_keep_permissions_and_write_through_inside_lin
     // An absolute link and a relative link, both pointing inside.
     symlink(work.join("sub/run.sh"), work.join("abs_link")).unwrap();
     symlink("sub/run.sh", work.join("rel_link")).unwrap();
-    let tools = fs_tools(&WorkDir::new(work).unwrap());
+    let tools = fs_tools(&WorkDir::new(work, &ProtectedPaths::nothing()).unwrap());
     for (path, content) in [
         ("abs_link", "via absolute\n"),
         ("rel_link", "via relative\n"),

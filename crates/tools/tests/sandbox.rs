@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use skillstate_core::secrets::Redactor;
 use skillstate_tools::builtin::{
-    Sandbox, SandboxConfig, SandboxLimits, ShellSettings, ShellTool, WorkDir,
+    ProtectedPaths, Sandbox, SandboxConfig, SandboxLimits, ShellSettings, ShellTool, WorkDir,
 };
 use skillstate_tools::{CallContext, Tool, ToolError, ToolOutput};
 
@@ -61,7 +61,11 @@ fn settings(timeout_secs: u64, network: bool) -> ShellSettings {
 }
 
 fn sandboxed(work: &Path, settings: ShellSettings) -> ShellTool {
-    ShellTool::with_sandbox(&WorkDir::new(work).unwrap(), settings, Sandbox::default())
+    ShellTool::with_sandbox(
+        &WorkDir::new(work, &ProtectedPaths::nothing()).unwrap(),
+        settings,
+        Sandbox::default(),
+    )
 }
 
 async fn try_run(tool: &ShellTool, command: &str) -> Result<ToolOutput, ToolError> {
@@ -106,7 +110,7 @@ fn kill_survivors(marker: &str) {
 
 fn limited(work: &Path, settings: ShellSettings, limits: SandboxLimits) -> ShellTool {
     ShellTool::with_sandbox(
-        &WorkDir::new(work).unwrap(),
+        &WorkDir::new(work, &ProtectedPaths::nothing()).unwrap(),
         settings,
         Sandbox::new(SandboxConfig {
             limits,
@@ -181,7 +185,7 @@ async fn child_process_entry() {
             // A hostile skill lists the key variables in env_allow: their values are withheld.
             let secret = std::env::var("OPENAI_API_KEY").unwrap();
             let hostile = ShellTool::with_sandbox(
-                &WorkDir::new(&work).unwrap(),
+                &WorkDir::new(&work, &ProtectedPaths::nothing()).unwrap(),
                 ShellSettings {
                     env_allow: vec![
                         "PATH".into(),
@@ -468,7 +472,7 @@ fn a_sigkilled_runtime_leaves_no_process_behind() {
 async fn without_bubblewrap_the_tool_refuses_with_a_clear_message() {
     let f = fixture();
     let missing = ShellTool::with_sandbox(
-        &WorkDir::new(&f.work).unwrap(),
+        &WorkDir::new(&f.work, &ProtectedPaths::nothing()).unwrap(),
         settings(20, false),
         Sandbox::bubblewrap_at(Path::new("/nonexistent/bwrap")),
     );
@@ -490,7 +494,7 @@ async fn without_bubblewrap_the_tool_refuses_with_a_clear_message() {
     let broken = f.tmp.path().join("bwrap");
     symlink("/usr/bin/false", &broken).unwrap();
     let unusable = ShellTool::with_sandbox(
-        &WorkDir::new(&f.work).unwrap(),
+        &WorkDir::new(&f.work, &ProtectedPaths::nothing()).unwrap(),
         settings(20, false),
         Sandbox::bubblewrap_at(&broken),
     );
@@ -508,7 +512,7 @@ async fn without_bubblewrap_the_tool_refuses_with_a_clear_message() {
 async fn sandbox_off_runs_unconfined_with_a_cleared_environment() {
     let f = fixture();
     let shell = ShellTool::with_sandbox(
-        &WorkDir::new(&f.work).unwrap(),
+        &WorkDir::new(&f.work, &ProtectedPaths::nothing()).unwrap(),
         settings(20, false),
         Sandbox::off(),
     );
@@ -569,7 +573,7 @@ fn a_runtime_killed_while_its_sandbox_starts_leaves_no_process_behind() {
 async fn sandbox_off_a_timeout_kills_the_whole_process_group() {
     let f = fixture();
     let shell = ShellTool::with_sandbox(
-        &WorkDir::new(&f.work).unwrap(),
+        &WorkDir::new(&f.work, &ProtectedPaths::nothing()).unwrap(),
         settings(1, false),
         Sandbox::off(),
     );

@@ -104,8 +104,9 @@ pub async fn world_for(
                     skill.name()
                 )
             })?;
-            let dir = toolbox::work_dir(skill.settings(), Some(skill_dir), work_dir_flag)?;
-            let toolbox = toolbox::build(skill.settings(), &dir, config).await?;
+            let place =
+                toolbox::work_place(skill.settings(), Some(skill_dir), work_dir_flag, config)?;
+            let toolbox = toolbox::build(skill.settings(), &place, config).await?;
             let env = Box::new(UserRequest::new(request).with_tools(toolbox.tools.clone()));
             Ok(World {
                 env,

@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// against the same database elsewhere).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=4096))]
     pub(crate) workers: u16,
+    /// A directory under which skills' absolute `[tools] work_dir` may lie (repeatable; adds
+    /// to `[tools] work_roots` of skillstate.toml). Skills naming any other are refused.
+    #[arg(long = "work-root", value_name = "DIR")]
+    pub(crate) work_roots: Vec<PathBuf>,
 }
 
 /// Builds tasks for create requests from the skills directory, as `batch submit` builds them
@@ -82,7 +86,7 @@ impl TaskFactory for SkillsFactory {
         let toolbox = match &environment {
             Some(_) => None,
             None => {
-                let work = toolbox::work_dir(skill.settings(), Some(&dir), None)
+                let work = toolbox::work_place(skill.settings(), Some(&dir), None, &self.config)
                     .map_err(|e| invalid("/skill", format!("{e:#}")))?;
                 Some(
                     toolbox::build(skill.settings(), &work, &self.config)
@@ -155,7 +159,11 @@ pub(crate) async fn run_with(
     args: ServeArgs,
     viewer: Viewer,
 ) -> Result<ExitCode> {
-    let config = load_config(config_path)?;
+    let mut config = load_config(config_path)?;
+    config
+        .tools
+        .work_roots
+        .extend(args.work_roots.iter().cloned());
     let store = open_store(db, &config).await?;
     let skills = args
         .skills

@@ -1,7 +1,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use skillstate_tools::builtin::{Sandbox, ShellTool, WorkDir};
 
 use super::{load_skill, world_for};
@@ -38,6 +38,9 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
     .await?;
     let available = world.env.tools();
     world.shutdown().await;
+    let work = world.toolbox.as_ref().and_then(|t| t.work.clone());
+    // A directory of its own made only to list the tools is not kept.
+    let _listing_dir = world.toolbox.map(DiscardOnDrop);
     let tools = skillstate_runtime::select_tools(&available, &skill.settings().tools)?;
     if tools.is_empty() {
         outln!(
@@ -61,16 +64,19 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
     out!("{}", table.render());
     if tools.iter().any(|tool| tool.spec().name == "shell.exec") {
         let settings = skill.settings();
-        let work_dir = toolbox::work_dir(settings, Some(&args.skill), args.work_dir.as_deref())?;
-        let sandbox = Sandbox::new(config.tools.sandbox_config());
+        let (place, work_dir) =
+            work.context("the skill allows shell.exec but has no work directory")?;
+        let sandbox = Sandbox::new(config.sandbox_config());
+        let shown = match place {
+            toolbox::WorkPlace::Shared(dir) => dir,
+            toolbox::WorkPlace::Own { .. } => config.site.work_parent().join("<task>"),
+        };
         outln!(
             "shell.exec sandbox: {}",
-            sandbox
-                .describe(&work_dir, settings.tools.shell.network)
-                .await
+            sandbox.describe(&shown, settings.tools.shell.network).await
         );
         let shell = ShellTool::with_sandbox(
-            &WorkDir::new(&work_dir).map_err(anyhow::Error::msg)?,
+            &WorkDir::new(&work_dir, &config.site.protected).map_err(anyhow::Error::msg)?,
             settings.tools.shell.clone(),
             sandbox,
         )
@@ -84,4 +90,13 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes the tool box's own work directory when dropped.
+struct DiscardOnDrop(toolbox::Toolbox);
+
+impl Drop for DiscardOnDrop {
+    fn drop(&mut self) {
+        self.0.discard_own_work_dir();
+    }
 }

@@ -10,7 +10,7 @@ use skillstate_runtime::select_tools;
 
 use super::board::read_json;
 use crate::config::{CONFIG_FILE, load_config, open_existing};
-use crate::toolbox::work_dir;
+use crate::toolbox::work_place;
 
 pub async fn run(
     dir: &Path,
@@ -80,8 +80,8 @@ pub async fn run(
                 .allow
                 .iter()
                 .any(|e| e.starts_with("fs") || e.starts_with("shell"));
-            if uses_dir && let Err(error) = work_dir(settings, Some(dir), None) {
-                problems.push(format!("[tools] work_dir: {error:#}"));
+            if uses_dir && let Err(error) = work_place(settings, Some(dir), None, &config) {
+                problems.push(format!("{error:#}"));
             }
             if !problems.is_empty() {
                 for problem in problems {

@@ -53,6 +53,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ViewArgs) -> Result
         addr: args.addr,
         skills: args.skills,
         workers: args.workers,
+        work_roots: Vec::new(),
     };
     let viewer = Viewer {
         bench,

@@ -270,14 +270,7 @@ impl Boards for PostgresStore {
     async fn attach_task(&self, board: &str, task: &str) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         // Locked against a concurrent delete while the membership is written.
-        let found: Option<i32> =
-            sqlx::query_scalar("SELECT 1 FROM boards WHERE id = $1 FOR KEY SHARE")
-                .bind(board)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if found.is_none() {
-            return Err(StoreError::NoSuchBoard(board.to_owned()));
-        }
+        lock_board_for_membership(&mut *tx, board).await?;
         let found: Option<i32> =
             sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1 FOR KEY SHARE")
                 .bind(task)
@@ -322,14 +315,7 @@ impl Boards for PostgresStore {
         let now = now_millis();
         let mut tx = self.pool.begin().await?;
         // Locked against a concurrent delete until the membership is written.
-        let found: Option<i32> =
-            sqlx::query_scalar("SELECT 1 FROM boards WHERE id = $1 FOR KEY SHARE")
-                .bind(board)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if found.is_none() {
-            return Err(StoreError::NoSuchBoard(board.to_owned()));
-        }
+        lock_board_for_membership(&mut *tx, board).await?;
         super::tasks::insert_task(&mut tx, &id, &task, initial_state, None, now).await?;
         sqlx::query(
             "INSERT INTO board_members (task_id, board_id, attached_at) VALUES ($1, $2, $3)",
@@ -371,5 +357,18 @@ impl Boards for PostgresStore {
             return Err(StoreError::NoSuchBoard(board.to_owned()));
         }
         Ok(())
+    }
+}
+
+/// Locks a board's row against a concurrent delete for the rest of `tx` (a membership is about
+/// to be written); `NoSuchBoard` when there is none.
+async fn lock_board_for_membership(conn: &mut PgConnection, board: &str) -> Result<()> {
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM boards WHERE id = $1 FOR KEY SHARE")
+        .bind(board)
+        .fetch_optional(conn)
+        .await?;
+    match found {
+        Some(_) => Ok(()),
+        None => Err(StoreError::NoSuchBoard(board.to_owned())),
     }
 }

@@ -98,7 +98,9 @@ pub struct SqliteStore {
 /// came with schema 5, and read-only opens read older schemas too: `rows::later_text_column`)
 /// and its skill and tools, which live in `task_specs` since schema 7 (migration 7 says why).
 /// A LEFT JOIN: a task without them fails to decode, naming the column, instead of vanishing.
-const TASK_BY_ID: &str = "SELECT t.*, s.skill, s.tools FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?";
+/// `s.*`: also the hash they were recorded with (schema 10), when the schema has it.
+const TASK_BY_ID: &str =
+    "SELECT t.*, s.* FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?";
 /// `TASK_BY_ID` for a database before schema 7, opened read-only: skill and tools in `tasks`.
 const TASK_BY_ID_BEFORE_SPECS: &str = "SELECT * FROM tasks WHERE id = ?";
 

@@ -10,6 +10,7 @@ use skillstate_core::json::state_hash;
 use super::ops::OpResult;
 use crate::StoreError;
 use crate::model::NewTask;
+use crate::rows::spec_hash;
 use crate::rows::to_json;
 use crate::service::TaskOwner;
 
@@ -126,8 +127,9 @@ fn insert_tasks(
             "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key) \
              VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
         )?;
-    let mut spec =
-        conn.prepare_cached("INSERT INTO task_specs (task_id, skill, tools) VALUES (?, ?, ?)")?;
+    let mut spec = conn.prepare_cached(
+        "INSERT INTO task_specs (task_id, skill, tools, spec_hash) VALUES (?, ?, ?, ?)",
+    )?;
     let mut snapshot = conn.prepare_cached(
         "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)",
     )?;
@@ -153,7 +155,12 @@ fn insert_tasks(
             row.tenant,
             row.idempotency_key,
         ])?;
-        spec.execute(params![row.id, row.skill, row.tools])?;
+        spec.execute(params![
+            row.id,
+            row.skill,
+            row.tools,
+            spec_hash(&row.skill, &row.tools)
+        ])?;
         snapshot.execute(params![row.id, row.state, row.state_hash])?;
         observation.execute(params![row.id, row.opening_observation])?;
         created.execute(params![now, row.id])?;

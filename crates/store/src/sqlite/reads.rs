@@ -34,7 +34,7 @@ use serde_json::Value;
 use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
 
 use crate::model::{IntentRecord, TaskRecord, TaskState};
-use crate::rows::{decode, decode_opt, labels_of, parse_status};
+use crate::rows::{decode, decode_opt, labels_of, parse_status, verified_spec};
 use crate::service::KeyRecord;
 use crate::{Result, StoreError};
 
@@ -210,19 +210,20 @@ impl Readers {
                     .query_row([id], |row| {
                         let skill: String = row.get(SPEC_AT)?;
                         let tools: String = row.get(SPEC_AT + 1)?;
-                        Ok((RawTask::of(row)?, Some((skill, tools))))
+                        let hash: Option<String> = row.get(SPEC_AT + 2)?;
+                        Ok((RawTask::of(row)?, Some((skill, tools, hash))))
                     })
                     .optional()
             })
             .flatten()?;
-        let (skill_text, tools_text) = match (kept, texts) {
+        let (skill_text, tools_text, hash) = match (kept, texts) {
             (Some(kept), _) => return Some(Ok((raw, kept))),
             (None, Some(texts)) => texts,
             (None, None) => return None,
         };
         let decoded = (|| {
-            let skill: SkillDefinition = decode("skill of task", &skill_text)?;
-            let tools: Vec<ToolSpec> = decode("tools of task", &tools_text)?;
+            let (skill, tools) =
+                verified_spec(&raw.id, &skill_text, &tools_text, Some(hash.as_deref()))?;
             Ok::<_, StoreError>(Arc::new(Decoded {
                 schema: Arc::new(skill.schema.clone()),
                 skill,
@@ -372,7 +373,7 @@ const TASK: &str = concat!("SELECT ", task_columns!(), " FROM tasks t WHERE t.id
 const TASK_WITH_SPEC: &str = concat!(
     "SELECT ",
     task_columns!(),
-    ", s.skill, s.tools FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?"
+    ", s.skill, s.tools, s.spec_hash FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?"
 );
 const SPEC_AT: usize = 16;
 

@@ -100,7 +100,7 @@ impl Tasks for SqliteStore {
         }
         // The same skill and tools, in a row of the fork's own (deleted with it).
         let spec = sqlx::query(
-            "INSERT INTO task_specs (task_id, skill, tools) SELECT ?, skill, tools FROM task_specs WHERE task_id = ?",
+            "INSERT INTO task_specs (task_id, skill, tools, spec_hash) SELECT ?, skill, tools, spec_hash FROM task_specs WHERE task_id = ?",
         )
         .bind(&id)
         .bind(parent)

@@ -26,6 +26,8 @@ use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, File, FileType, FileTypeExt, Metadata, OpenOptions, OpenOptionsExt};
 
+use super::ProtectedPaths;
+
 /// Symlinks followed for one path before giving up (Linux's own limit).
 const MAX_SYMLINKS: usize = 40;
 
@@ -40,10 +42,13 @@ pub struct WorkDir {
 }
 
 impl WorkDir {
-    pub fn new(root: &Path) -> Result<Self, String> {
+    /// The only way to a confined root: `root` must exist, be a directory and stay apart from
+    /// every `protected` path (it may not be, contain or sit inside one).
+    pub fn new(root: &Path, protected: &ProtectedPaths) -> Result<Self, String> {
         let root = root
             .canonicalize()
             .map_err(|e| format!("work directory {}: {e}", root.display()))?;
+        protected.check(&root, "the work directory")?;
         if !root.is_dir() {
             return Err(format!(
                 "work directory {} is not a directory",

@@ -3,6 +3,7 @@
 mod confine;
 mod fs;
 mod launcher;
+mod protected;
 mod rlimits;
 mod sandbox;
 mod shell;
@@ -10,6 +11,7 @@ mod spawner;
 
 pub use confine::WorkDir;
 pub use fs::{FsTool, fs_tools};
+pub use protected::ProtectedPaths;
 pub use rlimits::SandboxLimits;
 pub use sandbox::{Sandbox, SandboxConfig, SandboxMode};
 pub use shell::{ShellSettings, ShellTool};

@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
+use super::ProtectedPaths;
 use super::launcher::Launcher;
 use super::rlimits::SandboxLimits;
 
@@ -57,6 +58,9 @@ pub struct SandboxConfig {
     pub limits: SandboxLimits,
     /// The directory of util-linux's `prlimit`; `None` looks on PATH, then in /usr/bin.
     pub util_linux: Option<PathBuf>,
+    /// The runtime's own files: no read path may reach them, and none may lie in the system
+    /// directories every sandbox sees.
+    pub protected: ProtectedPaths,
 }
 
 /// Top-level system directories bound read-only (or recreated as the same symlink when they
@@ -306,9 +310,33 @@ fn bwrap_args(work_dir: Option<&Path>, network: bool, read_paths: &[PathBuf]) ->
     args
 }
 
+/// Refuses a sandbox that would show a command the runtime's own files: a read path that is,
+/// contains or sits inside one, or one of them inside the system directories bound into every
+/// sandbox.
+fn reaches_no_protected_path(config: &SandboxConfig) -> Result<(), String> {
+    for path in &config.read_paths {
+        config
+            .protected
+            .check(path, "skillstate.toml [tools] sandbox_read_paths entry")?;
+    }
+    let system = SYSTEM_DIRS.iter().map(PathBuf::from).chain(
+        ETC_TO_RUN
+            .iter()
+            .chain(&ETC_FOR_NETWORK)
+            .map(|name| Path::new("/etc").join(name)),
+    );
+    for dir in system {
+        config
+            .protected
+            .check(&dir, "the system path bound into every sandbox")?;
+    }
+    Ok(())
+}
+
 /// Finds bwrap and util-linux's tools and runs `exit 0` in a sandbox launched like the real
 /// ones.
 async fn probe(config: &SandboxConfig) -> Result<Ready, String> {
+    reaches_no_protected_path(config)?;
     for path in &config.read_paths {
         if !path.is_absolute() {
             return Err(format!(

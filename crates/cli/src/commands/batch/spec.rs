@@ -49,6 +49,8 @@ struct RawSpec {
     context: Option<String>,
     #[serde(default)]
     budget: Option<i128>,
+    #[serde(default)]
+    work_roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -79,6 +81,10 @@ pub struct BatchSpec {
     pub rate_limit: RateLimit,
     pub context: ContextStrategy,
     pub budget: Option<usize>,
+    /// Directories under which the skill's absolute `[tools] work_dir` may lie (the batch
+    /// file is the operator's, as skillstate.toml is), made absolute.
+    #[serde(default)]
+    pub work_roots: Vec<PathBuf>,
 }
 
 impl BatchSpec {
@@ -169,6 +175,7 @@ impl BatchSpec {
             rate_limit,
             context,
             budget: budget.map(|n| n as usize),
+            work_roots: raw.work_roots.iter().map(|p| resolve(p)).collect(),
         })
     }
 

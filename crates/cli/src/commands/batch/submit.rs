@@ -68,8 +68,13 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     let toolbox = match &environment {
         Some(_) => None,
         None => {
-            let dir = toolbox::work_dir(skill.settings(), Some(&spec.skill), None)?;
-            Some(toolbox::build(skill.settings(), &dir, config).await?)
+            let mut config = config.clone();
+            config
+                .tools
+                .work_roots
+                .extend(spec.work_roots.iter().cloned());
+            let place = toolbox::work_place(skill.settings(), Some(&spec.skill), None, &config)?;
+            Some(toolbox::build(skill.settings(), &place, &config).await?)
         }
     };
     let prepared: Result<Vec<QueuedTask>> = inputs
@@ -86,6 +91,7 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
         .collect();
     if let Some(toolbox) = &toolbox {
         toolbox.shutdown().await;
+        toolbox.discard_own_work_dir();
     }
     Ok(Prepared {
         batch: NewBatch {
@@ -145,7 +151,7 @@ pub(crate) fn prepare_one(
                     skill.name()
                 )
             })?;
-            options.environment = Some(toolbox.record.clone());
+            options.environment = Some(toolbox.record_for_another_task());
             Box::new(UserRequest::new(request).with_tools(toolbox.tools.clone()))
         }
         (None, None) => bail!("{at}: the skill has neither an environment nor tools"),
