@@ -141,7 +141,7 @@ const STEAL: [&str; 6] = [
 #[test]
 fn the_runtime_api_key_reaches_neither_the_journal_nor_the_output() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     // A hostile skill also asks for the key variable itself.
@@ -193,7 +193,7 @@ fn the_runtime_api_key_reaches_neither_the_journal_nor_the_output() {
 #[test]
 fn a_sigkilled_runtime_leaves_no_shell_process_behind() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let skill = shell_skill(tmp.path(), "timeout_secs = 600");
@@ -254,7 +254,7 @@ fn tools_output(db: &Path, config: Option<&Path>, skill: &Path, work: &Path) -> 
 #[test]
 fn skillstate_tools_says_how_shell_commands_are_confined() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let skill = shell_skill(tmp.path(), "timeout_secs = 5");
@@ -364,7 +364,7 @@ fn skillstate_tools_says_how_shell_commands_are_confined() {
 #[test]
 fn without_its_sandbox_shell_exec_refuses_and_the_model_is_told_why() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let skill = shell_skill(tmp.path(), "timeout_secs = 5");
@@ -415,7 +415,7 @@ fn a_non_dumpable_runtime_hides_its_environment_even_from_unconfined_commands() 
     let config = tmp.path().join("skillstate.toml");
     std::fs::write(&config, "[tools]\nsandbox = \"off\"\n").unwrap();
     let model = script(tmp.path(), &["cat /proc/$PPID/environ; echo; env; id -u"]);
-    let db = state.join("skillstate.db");
+    let db = state.join("db").join("skillstate.db");
     let secret = format!("sk-dumpable-test-{}-0ff", std::process::id());
     let mut run = if as_root {
         let mut c = Command::new("setpriv");
@@ -479,7 +479,7 @@ fn ctrl_c_drains_a_worker_and_its_running_command_finishes() {
     .unwrap();
     let config = dir.join("skillstate.toml");
     std::fs::write(&config, "").unwrap();
-    let db = dir.join("queue.db");
+    let db = dir.join("db").join("queue.db");
     let submit = batch_support::cli(
         dir,
         &config,

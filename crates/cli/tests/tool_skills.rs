@@ -28,7 +28,7 @@ fn last_task(db: &Path) -> String {
 #[test]
 fn the_code_investigator_finds_the_flag_with_fs_and_shell() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let validate = skillstate(&db, &["validate", "skills/code-investigator"]);
     assert!(validate.status.success(), "{}", text(&validate.stdout));
     let run = skillstate(
@@ -71,7 +71,7 @@ fn the_code_investigator_finds_the_flag_with_fs_and_shell() {
 #[test]
 fn a_large_observation_is_cut_in_the_prompt_and_kept_whole() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let script = tmp.path().join("read-log.jsonl");
     std::fs::write(
         &script,
@@ -117,7 +117,7 @@ fn a_large_observation_is_cut_in_the_prompt_and_kept_whole() {
 #[test]
 fn approval_survives_a_restart_and_runs_the_action_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let config = tmp.path().join("skillstate.toml");
@@ -238,7 +238,7 @@ fn the_file_librarian_uses_the_reference_mcp_filesystem_server() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("skillstate.db");
+    let db = tmp.path().join("db").join("skillstate.db");
     let run = skillstate(
         &db,
         &[
