@@ -270,7 +270,7 @@ impl Boards for PostgresStore {
     async fn attach_task(&self, board: &str, task: &str) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         // Locked against a concurrent delete while the membership is written.
-        lock_board_for_membership(&mut *tx, board).await?;
+        lock_board_for_membership(&mut tx, board).await?;
         let found: Option<i32> =
             sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1 FOR KEY SHARE")
                 .bind(task)
@@ -315,7 +315,7 @@ impl Boards for PostgresStore {
         let now = now_millis();
         let mut tx = self.pool.begin().await?;
         // Locked against a concurrent delete until the membership is written.
-        lock_board_for_membership(&mut *tx, board).await?;
+        lock_board_for_membership(&mut tx, board).await?;
         super::tasks::insert_task(&mut tx, &id, &task, initial_state, None, now).await?;
         sqlx::query(
             "INSERT INTO board_members (task_id, board_id, attached_at) VALUES ($1, $2, $3)",
