@@ -661,7 +661,7 @@ struct Misbehaving {
 impl skillstate_server::TaskFactory for Misbehaving {
     async fn prepare(
         &self,
-        _request: &skillstate_server::CreateTaskRequest,
+        _request: &skillstate_server::ResolvedRequest,
     ) -> Result<(skillstate_store::NewTask, Value), skillstate_server::ApiError> {
         if self.panic {
             panic!("internal detail: /srv/secret/path SELECT * FROM api_keys");

@@ -53,6 +53,8 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ViewArgs) -> Result
         addr: args.addr,
         skills: args.skills,
         workers: args.workers,
+        allow_model: Vec::new(),
+        scripted_dir: None,
     };
     let viewer = Viewer {
         bench,
