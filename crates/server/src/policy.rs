@@ -300,10 +300,14 @@ mod tests {
             for spec in [format!("scripted:{name}"), format!("scripted:{}", path.display())] {
                 let errors = policy.resolve(&request(&spec)).unwrap_err();
                 assert_eq!(pointers(&errors), ["/model"], "{spec}");
-                let message = errors[0].message.replace(&spec[SCRIPTED_PREFIX.len()..], "NAME");
+                let given = &spec[SCRIPTED_PREFIX.len()..];
+                let message = errors[0]
+                    .message
+                    .replace(&format!("`{given}`"), "`NAME`");
                 messages.push(message);
             }
         }
+        messages.sort();
         messages.dedup();
         assert_eq!(messages.len(), 1, "{messages:?}");
     }
