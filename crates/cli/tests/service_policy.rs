@@ -255,7 +255,7 @@ async fn no_request_string_reaches_a_file_or_process_outside_the_allowed_roots()
     let scripted_dir = scripts.display().to_string();
     let mut server = start(
         &db,
-        &["--scripted-dir", &scripted_dir],
+        &["--workers", "1", "--scripted-dir", &scripted_dir],
         traced.then_some(log.as_path()),
     );
     let http = client();

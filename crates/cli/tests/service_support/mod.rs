@@ -45,7 +45,7 @@ pub fn strace_works() -> Result<(), String> {
 }
 
 /// Starts `skillstate serve` on the database `db` with the repository's skills and `extra`
-/// flags; with `strace_log`, under `strace -f -e trace=%file,%process -o <log>`.
+/// flags (`--workers N` among them when the test wants other than 4); with `strace_log`, under `strace -f -e trace=%file,%process -o <log>`.
 pub fn start(db: &Path, extra: &[&str], strace_log: Option<&Path>) -> Server {
     // A shell prints its pid, then becomes `skillstate serve` (same pid).
     let script = r#"echo "serve-pid $$" >&2; exec "$@""#;
@@ -66,7 +66,6 @@ pub fn start(db: &Path, extra: &[&str], strace_log: Option<&Path>) -> Server {
     let mut child = command
         .arg(binary())
         .args(["serve", "--addr", "127.0.0.1:0", "--skills", "skills"])
-        .args(["--workers", "1"])
         .args(extra)
         .current_dir(repo_root())
         .env("SKILLSTATE_DB", db)
@@ -79,6 +78,7 @@ pub fn start(db: &Path, extra: &[&str], strace_log: Option<&Path>) -> Server {
     std::thread::spawn(move || {
         let mut pid = None;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("serve: {line}");
             if let Some(rest) = line.strip_prefix("serve-pid ") {
                 pid = rest.trim().parse::<u32>().ok();
             }
