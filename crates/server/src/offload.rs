@@ -61,7 +61,9 @@ impl Offload {
                 let _ = done_tx.send(output);
             })
             .map_err(|error| ApiError::Unavailable {
-                detail: format!("{what}: the server cannot start a thread now ({error}); retry later"),
+                detail: format!(
+                    "{what}: the server cannot start a thread now ({error}); retry later"
+                ),
             })?;
         match tokio::time::timeout_at(deadline, done_rx).await {
             Ok(Ok(output)) => Ok(output),

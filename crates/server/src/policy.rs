@@ -263,7 +263,12 @@ mod tests {
         let policy = ServicePolicy::default().with_models(["oracle".into(), "openai:*".into()]);
         assert!(policy.resolve(&request("oracle")).is_ok());
         assert!(policy.resolve(&request("openai:gpt-4o")).is_ok());
-        for refused in ["anthropic:x", "oracle2", "scripted:a.jsonl", "scripted:/etc/passwd"] {
+        for refused in [
+            "anthropic:x",
+            "oracle2",
+            "scripted:a.jsonl",
+            "scripted:/etc/passwd",
+        ] {
             let errors = policy.resolve(&request(refused)).unwrap_err();
             assert_eq!(pointers(&errors), ["/model"], "{refused}");
         }
@@ -285,7 +290,10 @@ mod tests {
         std::os::unix::fs::symlink(&root, dir.join("up")).unwrap();
         let policy = ServicePolicy::default().with_scripted_dir(dir.clone());
         let ok = policy.resolve(&request("scripted:sub/b.jsonl")).unwrap();
-        assert_eq!(ok.model, format!("scripted:{}", dir.join("sub/b.jsonl").display()));
+        assert_eq!(
+            ok.model,
+            format!("scripted:{}", dir.join("sub/b.jsonl").display())
+        );
         let mut messages = Vec::new();
         for name in [
             "missing.jsonl",
@@ -297,13 +305,14 @@ mod tests {
             "",
         ] {
             let path = root.join("outside.jsonl");
-            for spec in [format!("scripted:{name}"), format!("scripted:{}", path.display())] {
+            for spec in [
+                format!("scripted:{name}"),
+                format!("scripted:{}", path.display()),
+            ] {
                 let errors = policy.resolve(&request(&spec)).unwrap_err();
                 assert_eq!(pointers(&errors), ["/model"], "{spec}");
                 let given = &spec[SCRIPTED_PREFIX.len()..];
-                let message = errors[0]
-                    .message
-                    .replace(&format!("`{given}`"), "`NAME`");
+                let message = errors[0].message.replace(&format!("`{given}`"), "`NAME`");
                 messages.push(message);
             }
         }

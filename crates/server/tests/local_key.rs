@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::{Value, json};
-use skillstate_server::{
-    CreateTaskRequest, LOCAL_KEY_ID, ServicePolicy, TaskFactory, hash_secret,
-};
+use skillstate_server::{CreateTaskRequest, LOCAL_KEY_ID, ServicePolicy, TaskFactory, hash_secret};
 use skillstate_store::NewBoard;
 use support::*;
 

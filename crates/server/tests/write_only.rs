@@ -17,8 +17,7 @@ use skillstate_providers::{
 };
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
 use skillstate_server::{
-    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, TaskFactory,
-    check_initial_state,
+    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, TaskFactory, check_initial_state,
 };
 use skillstate_store::{EventQuery, NewTask, TaskStatus};
 use skillstate_tools::UserRequest;

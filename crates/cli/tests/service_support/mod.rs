@@ -21,6 +21,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = Command::new("kill")
             .args(["-KILL", &self.pid.to_string()])
+            .stderr(Stdio::null())
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -131,7 +132,10 @@ pub fn client() -> reqwest::Client {
 }
 
 pub fn new_key(db: &Path, tenant: &str) -> String {
-    let out = skillstate(db, &["keys", "create", "--tenant", tenant, "--label", "test"]);
+    let out = skillstate(
+        db,
+        &["keys", "create", "--tenant", tenant, "--label", "test"],
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -15,8 +15,8 @@ use super::{Hold, is_task_id, owned_task};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::factory::{CreateTaskRequest, is_label_name};
-use crate::policy::ResolvedRequest;
 use crate::json::{ApiJson, ApiQuery};
+use crate::policy::ResolvedRequest;
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{
     BatchCreated, CreatedTask, StatusName, TaskListItem, TaskPage, TaskView, Totals,
@@ -300,10 +300,7 @@ async fn batch_of(
 
 /// The factory's task for a resolved request, built on a thread of the offload pool under the
 /// work deadline (environment set-up and state checks may compute at length).
-async fn prepare(
-    state: &AppState,
-    request: ResolvedRequest,
-) -> Result<(NewTask, Value), ApiError> {
+async fn prepare(state: &AppState, request: ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
     let factory = state.factory.clone();
     state
         .offload
