@@ -209,7 +209,7 @@ fn board_schema_errors(schema: Value, initial_state: &Value) -> Vec<FieldError> 
                 ));
             } else {
                 let reader = schema.whole_view();
-                errors.extend(schema.violations(&initial_state).iter().map(|v| {
+                errors.extend(schema.violations(initial_state).iter().map(|v| {
                     let v = v.render(&reader);
                     FieldError::new("schema", format!("/initial_state{}", v.pointer), v.message)
                 }));
