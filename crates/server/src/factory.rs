@@ -34,7 +34,9 @@ pub struct CreateTaskRequest {
     #[schema(example = "warehouse")]
     pub skill: String,
     /// The model, as `skillstate run --model` takes it (`oracle`, `openai:<model>`,
-    /// `anthropic:<model>`); which ones a server accepts is its configuration.
+    /// `anthropic:<model>`): one the server's allow-list names (`serve --allow-model`; 422 at
+    /// `/model` otherwise). `scripted:<name>` only where the operator turned scripted models on
+    /// for a directory (`serve --scripted-dir`), `<name>` relative to it.
     #[schema(example = "oracle")]
     pub model: String,
     /// What each prompt keeps besides the procedure and tools.
@@ -52,7 +54,8 @@ pub struct CreateTaskRequest {
     #[serde(default)]
     pub state: Option<Value>,
     /// Overrides of the skill's `[environment]` parameters (`seed`, `events`, ...), for skills
-    /// with a built-in environment.
+    /// with a built-in environment. Settings that name a file on the server (`audit_log`) are
+    /// the operator's, in skill.toml: 422 at `/environment/<name>`.
     #[serde(default)]
     pub environment: BTreeMap<String, Value>,
     /// String labels, filterable in listings (`GET /v1/tasks?label=team:ops`).
