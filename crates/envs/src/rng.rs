@@ -5,6 +5,14 @@ use std::cell::Cell;
 
 thread_local! {
     static WORK: Cell<u64> = const { Cell::new(0) };
+    static WORK_LIMIT: Cell<u64> = const { Cell::new(u64::MAX) };
+}
+
+/// Makes work on this thread beyond `limit` (in [`work_done`]'s units) panic, so a test turns a
+/// generator that would not end into a failure; `u64::MAX` lifts it. No limit is set outside
+/// tests.
+pub fn limit_work(limit: u64) {
+    WORK_LIMIT.with(|l| l.set(limit));
 }
 
 /// Units of work done on this thread by environment generators: one per random draw, plus what
@@ -16,7 +24,14 @@ pub fn work_done() -> u64 {
 
 /// Counts `units` of work that are not random draws (a scan over `units` entries).
 pub fn charge(units: u64) {
-    WORK.with(|work| work.set(work.get().saturating_add(units)));
+    let done = WORK.with(|work| {
+        let done = work.get().saturating_add(units);
+        work.set(done);
+        done
+    });
+    if done > WORK_LIMIT.with(Cell::get) {
+        panic!("an environment generator went over its work limit ({done} units)");
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -72,11 +72,20 @@ fn refused_combination(settings: &EnvironmentSettings) -> bool {
 }
 
 fn check(settings: &EnvironmentSettings) -> Result<(), TestCaseError> {
+    let events = settings
+        .params
+        .get("events")
+        .and_then(Value::as_u64)
+        .unwrap_or(100);
+    let bound = WORK_PER_EVENT * events + WORK_BASE;
     let before = rng::work_done();
+    // A generator that would never end panics at the bound instead (a failing case).
+    rng::limit_work(before + bound);
     let built = build_environment(settings);
     let mut env = match built {
         Ok(env) => env,
         Err(error) => {
+            rng::limit_work(u64::MAX);
             prop_assert!(
                 refused_combination(settings),
                 "{settings:?} is documented but refused: {error}"
@@ -85,22 +94,18 @@ fn check(settings: &EnvironmentSettings) -> Result<(), TestCaseError> {
         }
     };
     let first = env.opening_observation();
+    rng::limit_work(u64::MAX);
     prop_assert!(!first.is_empty(), "{settings:?}: empty first observation");
     let work = rng::work_done() - before;
-    let events = settings
-        .params
-        .get("events")
-        .and_then(Value::as_u64)
-        .unwrap_or(100);
     prop_assert!(
-        work <= WORK_PER_EVENT * events + WORK_BASE,
+        work <= bound,
         "{settings:?}: {work} units of work for {events} events"
     );
     Ok(())
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn every_documented_setting_builds_its_episode_in_bounded_work(settings in settings()) {
