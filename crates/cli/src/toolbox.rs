@@ -76,26 +76,8 @@ pub fn work_place(
         let dir = named_path.canonicalize().with_context(|| {
             format!("[tools] work_dir = \"{named}\": the directory does not exist")
         })?;
-        let roots: Vec<PathBuf> = config
-            .tools
-            .work_roots
-            .iter()
-            .filter_map(|root| root.canonicalize().ok())
-            .collect();
-        if !roots.iter().any(|root| dir.starts_with(root)) {
-            bail!(
-                "[tools] work_dir = \"{named}\" lies outside every work root the operator allows ({}). A skill cannot choose a host directory: the operator adds it to [tools] work_roots in {CONFIG_FILE} (or `serve`/`worker --work-root`, a batch file's `work_roots:`), or drop work_dir to give each task a fresh directory of its own",
-                if roots.is_empty() {
-                    "none are configured".to_owned()
-                } else {
-                    roots
-                        .iter()
-                        .map(|r| r.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            );
-        }
+        under_work_roots(&dir, config)
+            .map_err(|roots| anyhow::anyhow!("[tools] work_dir = \"{named}\" lies outside every work root the operator allows ({roots}). {NOT_THE_SKILLS}, or drop work_dir to give each task a fresh directory of its own"))?;
         return Ok(WorkPlace::Shared(dir));
     }
     let skill_dir = skill_dir.with_context(|| {
@@ -106,6 +88,64 @@ pub fn work_place(
         name: own_name(),
         seed: Some(seed),
     })
+}
+
+/// How a skill's author learns that a host path is the operator's to allow.
+const NOT_THE_SKILLS: &str = "A skill cannot choose a host directory: the operator adds it to [tools] work_roots in skillstate.toml (or `serve --work-root`, a batch file's `work_roots:`)";
+
+/// `Ok` when `path` (absolute, canonical where it exists) lies under one of the operator's work
+/// roots; else the roots, for the message.
+fn under_work_roots(path: &Path, config: &Config) -> Result<(), String> {
+    let roots: Vec<PathBuf> = config
+        .tools
+        .work_roots
+        .iter()
+        .filter_map(|root| root.canonicalize().ok())
+        .collect();
+    if roots.iter().any(|root| path.starts_with(root)) {
+        return Ok(());
+    }
+    Err(if roots.is_empty() {
+        "none are configured".to_owned()
+    } else {
+        roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
+
+/// Checks the paths a skill's own `[environment]` names (settings such as `audit_log`, which
+/// the environment writes to): like an absolute `work_dir`, each must lie under a work root of
+/// the operator's and apart from the runtime's own files. The same settings given by the
+/// operator (a batch input line, a flag) are the operator's own choice.
+pub fn check_skill_paths(settings: &SkillSettings, config: &Config) -> Result<()> {
+    let Some(environment) = &settings.environment else {
+        return Ok(());
+    };
+    for key in skillstate_envs::operator_only_parameters() {
+        let Some(value) = environment.params.get(key) else {
+            continue;
+        };
+        let Some(named) = value.as_str() else {
+            continue;
+        };
+        let path = std::path::absolute(named)
+            .with_context(|| format!("[environment] {key} = \"{named}\""))?;
+        let path = skillstate_tools::builtin::resolved_path(&path);
+        if let Err(roots) = under_work_roots(&path, config) {
+            bail!(
+                "[environment] {key} = \"{named}\" lies outside every work root the operator allows ({roots}). {NOT_THE_SKILLS}, or drop {key} from skill.toml and let the operator set it"
+            );
+        }
+        config
+            .site
+            .protected
+            .check(&path, &format!("[environment] {key}"))
+            .map_err(anyhow::Error::msg)?;
+    }
+    Ok(())
 }
 
 /// The skill's seed directory `named` (relative), which must lie inside the skill directory.

@@ -38,22 +38,54 @@ impl Rng {
     }
 }
 
-fn skill_with_audit(root: &Path) -> (std::path::PathBuf, String, std::path::PathBuf) {
+/// The warehouse skill with an audit log in `root/audit`, which the configuration written to
+/// `root/ops.toml` (returned last) allows as a work root.
+fn skill_with_audit(
+    root: &Path,
+) -> (
+    std::path::PathBuf,
+    String,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
     let (skill, script) = warehouse_copy(root, 3, EVENTS);
-    let audit = root.join("audit.log");
+    std::fs::create_dir_all(root.join("audit")).unwrap();
+    let audit = root.join("audit/audit.log");
+    let config = root.join("ops.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tools]\nwork_roots = [\"{}\"]\n",
+            root.join("audit").display()
+        ),
+    )
+    .unwrap();
     let settings = std::fs::read_to_string(skill.join("skill.toml")).unwrap();
     std::fs::write(
         skill.join("skill.toml"),
         format!("{settings}audit_log = \"{}\"\n", audit.display()),
     )
     .unwrap();
-    (skill, format!("scripted:{}", script.display()), audit)
+    (
+        skill,
+        format!("scripted:{}", script.display()),
+        audit,
+        config,
+    )
 }
 
 /// Starts `skillstate <args>` and lets it die at `point` (or kills it after a random delay).
-fn run_until_killed(db: &str, args: &[&str], point: &str, count: u64, delay: Duration) -> bool {
+fn run_until_killed(
+    db: &str,
+    config: &Path,
+    args: &[&str],
+    point: &str,
+    count: u64,
+    delay: Duration,
+) -> bool {
     let mut command = Command::new(binary());
     command
+        .env("SKILLSTATE_CONFIG", config)
         .args(["--db", db])
         .args(args)
         .stdout(Stdio::null())
@@ -136,13 +168,14 @@ async fn torture(
     seed: u64,
 ) -> BTreeMap<&'static str, usize> {
     let tmp = tempfile::tempdir().unwrap();
-    let (skill, model, audit) = skill_with_audit(tmp.path());
+    let (skill, model, audit, config) = skill_with_audit(tmp.path());
     let skill = skill.to_str().unwrap().to_owned();
 
     // The uninterrupted run, for the final state and the audit log's shape.
     let reference_db = db_for(0).await;
     let started = Instant::now();
     let out = Command::new(binary())
+        .env("SKILLSTATE_CONFIG", &config)
         .args([
             "--db",
             &reference_db,
@@ -195,7 +228,7 @@ async fn torture(
                 Some(id) => vec!["resume".into(), id.clone()],
             };
             let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            let killed = run_until_killed(&db, &arg_refs, point, count, delay);
+            let killed = run_until_killed(&db, &config, &arg_refs, point, count, delay);
             first = false;
             if killed {
                 *kills.entry(point).or_default() += 1;

@@ -398,6 +398,29 @@ fn a_skill_names_only_directories_the_operator_allowed() {
         "from the seed\n"
     );
     assert!(!seeded.join("seed/new.txt").exists());
+
+    // A path the skill's own [environment] names (the warehouse's audit log, which the
+    // environment writes to) is the operator's to allow too.
+    let (warehouse, _) = common::warehouse_copy(&tmp.path().join("wh"), 1, 3);
+    let settings = std::fs::read_to_string(warehouse.join("skill.toml")).unwrap();
+    std::fs::write(
+        warehouse.join("skill.toml"),
+        format!(
+            "{settings}audit_log = \"{}\"\n",
+            host.join("audit.log").display()
+        ),
+    )
+    .unwrap();
+    let out = validate(&warehouse, None);
+    let stdout = text(&out.stdout);
+    assert!(
+        !out.status.success()
+            && stdout.contains("[environment] audit_log")
+            && stdout.contains("lies outside every work root"),
+        "{stdout}"
+    );
+    let out = validate(&warehouse, Some(&config));
+    assert!(out.status.success(), "{}", text(&out.stdout));
 }
 
 #[test]

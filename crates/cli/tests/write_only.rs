@@ -137,6 +137,9 @@ fn serve(db: &Path, skills: &Path) -> Server {
             "--skills",
         ])
         .arg(skills)
+        // The scripted answers lie beside the skills directory (`vault_skill`).
+        .arg("--scripted-dir")
+        .arg(skills.parent().unwrap())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -275,7 +278,7 @@ async fn write_only_values_never_leave_serve_show_or_the_logs() {
         .bearer_auth(&key)
         .json(&json!({
             "skill": "vault",
-            "model": format!("scripted:{}", script.display()),
+            "model": format!("scripted:{}", script.file_name().unwrap().to_string_lossy()),
             "input": format!("Use the password {INITIAL} for ada."),
             "state": {"creds": {"user": "ada", "password": INITIAL}}
         }))

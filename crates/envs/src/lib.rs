@@ -5,7 +5,7 @@ pub mod admin_panel;
 pub mod bugfix;
 pub mod noise;
 pub mod oracle;
-mod params;
+pub mod params;
 pub mod repository;
 pub mod rng;
 pub mod warehouse;
@@ -23,6 +23,33 @@ pub const ENVIRONMENTS: &[&str] = &[
     bugfix::coder::KIND,
     bugfix::reviewer::KIND,
 ];
+
+/// The documented `[environment]` parameters of a built-in environment kind (empty for an
+/// unknown kind): one table per kind, read by the environment itself, by the service's request
+/// policy and by the property tests.
+pub fn parameters(kind: &str) -> &'static [params::ParamSpec] {
+    match kind {
+        warehouse::KIND => warehouse::PARAMETERS,
+        repository::KIND => repository::PARAMETERS,
+        admin_panel::KIND => admin_panel::PARAMETERS,
+        bugfix::coder::KIND | bugfix::reviewer::KIND => bugfix::PARAMETERS,
+        _ => &[],
+    }
+}
+
+/// The parameters of any built-in environment that name a file on the host
+/// ([`params::ParamKind::Path`]): only the operator sets them, in skill.toml.
+pub fn operator_only_parameters() -> Vec<&'static str> {
+    let mut keys: Vec<&'static str> = ENVIRONMENTS
+        .iter()
+        .flat_map(|kind| parameters(kind))
+        .filter(|spec| spec.kind == params::ParamKind::Path)
+        .map(|spec| spec.key)
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
 
 /// Whether an environment opens its task with the user's request (`run --input`), which it
 /// receives as its `request` parameter.

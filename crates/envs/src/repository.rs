@@ -19,7 +19,7 @@ use skillstate_tools::{
 };
 
 use crate::noise::{syslog_lines, with_telemetry};
-use crate::params::Params;
+use crate::params::{ParamSpec, Params};
 use crate::rng::SeededRng;
 
 pub const KIND: &str = "repository";
@@ -51,6 +51,13 @@ const NAMES: [&str; 24] = [
     "sharing",
 ];
 
+/// The repository's `[environment]` parameters.
+pub const PARAMETERS: &[ParamSpec] = &[
+    ParamSpec::whole("seed", 0, 0, u64::MAX),
+    ParamSpec::whole("events", 30, 1, 100_000),
+    ParamSpec::whole("noise", 0, 0, 1000),
+];
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepositoryConfig {
     pub seed: u64,
@@ -63,11 +70,11 @@ pub struct RepositoryConfig {
 
 impl RepositoryConfig {
     pub fn from_params(params: &Map<String, Value>) -> Result<Self, EnvironmentError> {
-        let mut p = Params::new(KIND, params);
+        let p = Params::new(KIND, PARAMETERS, params);
         let config = Self {
-            seed: p.u64("seed", 0, 0, u64::MAX)?,
-            events: p.u64("events", 30, 1, 100_000)? as u32,
-            noise: p.u64("noise", 0, 0, 1000)? as u32,
+            seed: p.u64("seed")?,
+            events: p.u64("events")? as u32,
+            noise: p.u64("noise")? as u32,
         };
         p.finish()?;
         Ok(config)

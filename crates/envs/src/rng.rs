@@ -1,6 +1,39 @@
 //! A small seeded generator (SplitMix64). Environments must produce the identical event
 //! sequence for a seed on every machine and every version of our dependencies, so we own it.
 
+use std::cell::Cell;
+
+thread_local! {
+    static WORK: Cell<u64> = const { Cell::new(0) };
+    static WORK_LIMIT: Cell<u64> = const { Cell::new(u64::MAX) };
+}
+
+/// Makes work on this thread beyond `limit` (in [`work_done`]'s units) panic, so a test turns a
+/// generator that would not end into a failure; `u64::MAX` lifts it. No limit is set outside
+/// tests.
+pub fn limit_work(limit: u64) {
+    WORK_LIMIT.with(|l| l.set(limit));
+}
+
+/// Units of work done on this thread by environment generators: one per random draw, plus what
+/// a generator [`charge`]s for a scan. Generation loops are rejection loops on draws, so this
+/// bounds their cost in a way tests can assert without measuring time.
+pub fn work_done() -> u64 {
+    WORK.with(Cell::get)
+}
+
+/// Counts `units` of work that are not random draws (a scan over `units` entries).
+pub fn charge(units: u64) {
+    let done = WORK.with(|work| {
+        let done = work.get().saturating_add(units);
+        work.set(done);
+        done
+    });
+    if done > WORK_LIMIT.with(Cell::get) {
+        panic!("an environment generator went over its work limit ({done} units)");
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SeededRng {
     state: u64,
@@ -14,6 +47,7 @@ impl SeededRng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
+        charge(1);
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -31,6 +31,8 @@ use tower_http::trace::TraceLayer;
 
 use crate::auth::require_key;
 use crate::factory::TaskFactory;
+use crate::offload::Offload;
+use crate::policy::ServicePolicy;
 use crate::problem::finish_problems;
 use crate::routes::{batches, board_events, boards, events, inbox, journal, ops, state, tasks};
 
@@ -51,6 +53,12 @@ pub struct ServerConfig {
     pub events_poll: Duration,
     /// How long an event stream may stay silent before it sends a keep-alive comment.
     pub events_keep_alive: Duration,
+    /// Threads for the CPU-heavy work requests trigger ([`crate::offload`]): at most this many
+    /// run at once, abandoned ones included.
+    pub work_threads: usize,
+    /// How long a request waits for its CPU-heavy work before it answers 503 (less than
+    /// `request_timeout`, so the problem says what took long).
+    pub work_timeout: Duration,
 }
 
 /// 1 MiB.
@@ -61,6 +69,8 @@ pub const DEFAULT_MAX_BATCH: usize = 100;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_EVENTS_POLL: Duration = Duration::from_millis(200);
 pub const DEFAULT_EVENTS_KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub const DEFAULT_WORK_THREADS: usize = 4;
+pub const DEFAULT_WORK_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -72,6 +82,8 @@ impl Default for ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             events_poll: DEFAULT_EVENTS_POLL,
             events_keep_alive: DEFAULT_EVENTS_KEEP_ALIVE,
+            work_threads: DEFAULT_WORK_THREADS,
+            work_timeout: DEFAULT_WORK_TIMEOUT,
         }
     }
 }
@@ -82,6 +94,10 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub factory: Arc<dyn TaskFactory>,
     pub config: Arc<ServerConfig>,
+    /// What requests may name on this server ([`crate::policy`]).
+    pub(crate) policy: Arc<ServicePolicy>,
+    /// Where CPU-heavy request work runs ([`crate::offload`]).
+    pub(crate) offload: Offload,
     /// The OpenAPI document, serialised once.
     pub(crate) openapi: Arc<str>,
     /// Set when the server's shutdown starts; event streams end on it.
@@ -126,9 +142,15 @@ impl AppState {
         factory: Arc<dyn TaskFactory>,
         config: ServerConfig,
     ) -> Self {
+        let offload = Offload::new(
+            config.work_threads,
+            config.work_timeout.min(config.request_timeout),
+        );
         Self {
             store,
             factory,
+            policy: Arc::new(ServicePolicy::default()),
+            offload,
             config: Arc::new(config),
             openapi: Arc::from(crate::openapi::document_json()),
             shutdown: ShutdownNotice::new(),
@@ -136,6 +158,13 @@ impl AppState {
             prices: Arc::default(),
             local_key: None,
         }
+    }
+
+    /// What create requests may name: skills, models, environment settings (the default
+    /// allows the `oracle` model only).
+    pub fn with_policy(mut self, policy: ServicePolicy) -> Self {
+        self.policy = Arc::new(policy);
+        self
     }
 
     /// Prices by model spec, for the estimated cost in task and batch responses.

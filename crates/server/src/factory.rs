@@ -4,7 +4,9 @@
 //! built (built-in environments, tool boxes with MCP servers, model specs): that is the
 //! caller's [`TaskFactory`], which the `skillstate` binary implements with its environments and
 //! tool boxes. The server checks what it can on its own first ([`check_request`]: names, labels,
-//! numbers), then asks the factory for the frozen task and its initial state.
+//! numbers) and resolves what the request names on the server through its
+//! [`ServicePolicy`](crate::ServicePolicy), then asks the factory for the frozen task and its
+//! initial state, handing it only the [`ResolvedRequest`].
 //!
 //! Helpers for factories: [`skill_dir`] finds a skill in the server's skills directory without
 //! letting a name escape it, [`check_initial_state`] checks a given state as state.init.json is
@@ -21,6 +23,7 @@ use skillstate_store::{NewTask, TaskRecord};
 use skillstate_tools::Environment;
 use utoipa::ToSchema;
 
+use crate::policy::ResolvedRequest;
 use crate::problem::{ApiError, FieldError};
 
 /// A request to create a task.
@@ -31,7 +34,9 @@ pub struct CreateTaskRequest {
     #[schema(example = "warehouse")]
     pub skill: String,
     /// The model, as `skillstate run --model` takes it (`oracle`, `openai:<model>`,
-    /// `anthropic:<model>`); which ones a server accepts is its configuration.
+    /// `anthropic:<model>`): one the server's allow-list names (`serve --allow-model`; 422 at
+    /// `/model` otherwise). `scripted:<name>` only where the operator turned scripted models on
+    /// for a directory (`serve --scripted-dir`), `<name>` relative to it.
     #[schema(example = "oracle")]
     pub model: String,
     /// What each prompt keeps besides the procedure and tools.
@@ -49,7 +54,8 @@ pub struct CreateTaskRequest {
     #[serde(default)]
     pub state: Option<Value>,
     /// Overrides of the skill's `[environment]` parameters (`seed`, `events`, ...), for skills
-    /// with a built-in environment.
+    /// with a built-in environment. Settings that name a file on the server (`audit_log`) are
+    /// the operator's, in skill.toml: 422 at `/environment/<name>`.
     #[serde(default)]
     pub environment: BTreeMap<String, Value>,
     /// String labels, filterable in listings (`GET /v1/tasks?label=team:ops`).
@@ -88,7 +94,12 @@ pub trait TaskFactory: Send + Sync {
     /// recorded) and its initial state. Problems the caller can fix are
     /// `ApiError::Invalid` with pointers into the request (`/skill`, `/state/inventory`);
     /// nothing is stored yet.
-    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError>;
+    ///
+    /// The request was resolved by the server's [`ServicePolicy`](crate::ServicePolicy)
+    /// first: its skill, model and environment settings are ones the operator allows. This
+    /// runs on a thread of its own ([`crate::offload`]), so it may compute at length; the
+    /// request gives up on it at the server's work deadline.
+    async fn prepare(&self, request: &ResolvedRequest) -> Result<(NewTask, Value), ApiError>;
 
     /// A fresh instance of `task`'s world for a fork, so a replayable (simulated) world can be
     /// rebuilt as it was at the fork's step; `None` (the default) forks without one.

@@ -12,7 +12,10 @@
 //! and tool boxes, and calls [`serve`].
 //!
 //! Modules, one concept each: `problem` (errors → problem details), `json` (reading bodies
-//! under the limits), `auth` (keys and tenants), `factory` (create requests → tasks), `views`
+//! under the limits), `auth` (keys and tenants), `policy` (what a request may name on the server:
+//! skills, models, path settings; the factory only ever sees resolved requests), `offload`
+//! (CPU-heavy request work on bounded threads, under a deadline), `factory` (resolved create
+//! requests → tasks), `views`
 //! (what responses look like), `routes` (the handlers), `openapi` (the document), `metrics`
 //! (Prometheus: the recorder, request counting, `/metrics`), `viewer` (the web viewer's
 //! embedded page at `/`), `batch_report` (a batch's figures, shared with `skillstate batch
@@ -24,7 +27,9 @@ pub mod batch_report;
 mod factory;
 mod json;
 pub mod metrics;
+mod offload;
 mod openapi;
+pub mod policy;
 mod problem;
 pub mod routes;
 mod viewer;
@@ -33,7 +38,7 @@ mod views;
 pub use app::{
     AppState, DEFAULT_BODY_LIMIT, DEFAULT_EVENTS_KEEP_ALIVE, DEFAULT_EVENTS_POLL,
     DEFAULT_MAX_BATCH, DEFAULT_MAX_JSON_DEPTH, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
-    ServerConfig, router, serve,
+    DEFAULT_WORK_THREADS, DEFAULT_WORK_TIMEOUT, ServerConfig, router, serve,
 };
 pub use auth::{Caller, LOCAL_KEY_ID, SECRET_PREFIX, hash_secret, new_key_secret};
 pub use factory::{
@@ -42,6 +47,7 @@ pub use factory::{
 pub use json::{nesting_exceeds, parse_body};
 pub use metrics::{metrics_router, serve_metrics};
 pub use openapi::{ApiDoc, document, document_json};
+pub use policy::{ResolvedRequest, ServicePolicy};
 pub use problem::{ApiError, FieldError, PROBLEM_JSON, Problem};
 pub use viewer::CONTENT_SECURITY_POLICY;
 pub use views::*;

@@ -661,7 +661,7 @@ struct Misbehaving {
 impl skillstate_server::TaskFactory for Misbehaving {
     async fn prepare(
         &self,
-        _request: &skillstate_server::CreateTaskRequest,
+        _request: &skillstate_server::ResolvedRequest,
     ) -> Result<(skillstate_store::NewTask, Value), skillstate_server::ApiError> {
         if self.panic {
             panic!("internal detail: /srv/secret/path SELECT * FROM api_keys");
@@ -676,8 +676,14 @@ async fn timeouts_and_panics_are_problems_that_reveal_nothing() {
     let harness = Harness::new(Db::sqlite().await).await;
     let (key, _) = harness.key("acme").await;
     for panic in [false, true] {
+        // A panic is reported on the factory's own thread (crate::offload), which may take a
+        // while with RUST_BACKTRACE set: the short limit is for the slow factory only.
         let config = ServerConfig {
-            request_timeout: Duration::from_millis(200),
+            request_timeout: if panic {
+                Duration::from_secs(20)
+            } else {
+                Duration::from_millis(200)
+            },
             ..ServerConfig::default()
         };
         let state = skillstate_server::AppState::with_config(

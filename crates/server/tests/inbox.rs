@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use skillstate_server::{ApiError, CreateTaskRequest, TaskFactory};
+use skillstate_server::{ApiError, ResolvedRequest, TaskFactory};
 use skillstate_store::{NewTask, TaskRecord, TaskStatus};
 use skillstate_tools::Environment;
 use support::*;
@@ -21,7 +21,7 @@ struct Gated(EnvFactory);
 
 #[async_trait]
 impl TaskFactory for Gated {
-    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+    async fn prepare(&self, request: &ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
         let (mut task, state) = self.0.prepare(request).await?;
         for spec in task.tools.iter_mut().filter(|s| s.source != "runtime") {
             spec.needs_approval = true;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::{Value, json};
-use skillstate_server::{CreateTaskRequest, LOCAL_KEY_ID, TaskFactory, hash_secret};
+use skillstate_server::{CreateTaskRequest, LOCAL_KEY_ID, ServicePolicy, TaskFactory, hash_secret};
 use skillstate_store::NewBoard;
 use support::*;
 
@@ -46,6 +46,7 @@ async fn the_local_key_sees_the_whole_database_and_creates_nothing() {
         "skill": "warehouse", "model": "oracle", "environment": {"seed": 4, "events": 3}
     }))
     .unwrap();
+    let request = ServicePolicy::default().resolve(&request).unwrap();
     let (task, initial) = factory.prepare(&request).await.unwrap();
     let cli_task = store.create_task(task, &initial).await.unwrap().id;
     run_to_end(store.clone(), &cli_task).await;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use skillstate_core::ContextStrategy;
-use skillstate_server::{ApiError, CONTENT_SECURITY_POLICY, CreateTaskRequest, TaskFactory};
+use skillstate_server::{ApiError, CONTENT_SECURITY_POLICY, ResolvedRequest, TaskFactory};
 use skillstate_store::{NewTask, TaskRecord, TaskStatus};
 use skillstate_tools::Environment;
 use support::*;
@@ -32,7 +32,7 @@ struct Selective(EnvFactory);
 
 #[async_trait]
 impl TaskFactory for Selective {
-    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+    async fn prepare(&self, request: &ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
         let (mut task, state) = self.0.prepare(request).await?;
         if request.labels.get("gate").map(String::as_str) == Some("approve") {
             for spec in task.tools.iter_mut().filter(|s| s.source != "runtime") {

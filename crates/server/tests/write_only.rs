@@ -17,8 +17,7 @@ use skillstate_providers::{
 };
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
 use skillstate_server::{
-    ApiError, AppState, CreateTaskRequest, FieldError, ServerConfig, TaskFactory,
-    check_initial_state,
+    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, TaskFactory, check_initial_state,
 };
 use skillstate_store::{EventQuery, NewTask, TaskStatus};
 use skillstate_tools::UserRequest;
@@ -85,7 +84,7 @@ struct VaultFactory;
 
 #[async_trait]
 impl TaskFactory for VaultFactory {
-    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+    async fn prepare(&self, request: &ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
         let skill = skill();
         if request.skill != "vault" {
             return Err(ApiError::invalid(

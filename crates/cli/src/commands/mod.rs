@@ -63,6 +63,8 @@ pub async fn world_for(
     work_dir_flag: Option<&Path>,
     config: &Config,
 ) -> Result<World> {
+    toolbox::check_skill_paths(skill.settings(), config)
+        .with_context(|| format!("{}", skill_dir.join("skill.toml").display()))?;
     match &skill.settings().environment {
         Some(settings) => {
             let takes_request = skillstate_envs::takes_request(&settings.kind);

@@ -1,7 +1,8 @@
 //! `skillstate serve`: the HTTP service (crates/server) over this database, with embedded
 //! workers running the tasks it creates. The server knows requests, tenants and the store; this
-//! module only wires it: skills from a directory, worlds and models as `run` and `worker` build
-//! them, signals → graceful shutdown.
+//! module only wires it: what requests may name (the service policy: skills directory, model
+//! allow-list, scripted directory, operator-only environment settings), worlds and models as
+//! `run` and `worker` build them, signals → graceful shutdown.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use serde_json::{Map, Value};
 use skillstate_core::Skill;
 use skillstate_runtime::{StopLevel, TaskOptions, run_worker};
 use skillstate_server::{
-    ApiError, AppState, CreateTaskRequest, FieldError, ServerConfig, TaskFactory,
+    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, ServicePolicy, TaskFactory,
     check_initial_state, skill_dir,
 };
 use skillstate_store::NewTask;
@@ -43,6 +44,41 @@ pub struct ServeArgs {
     /// to `[tools] work_roots` of skillstate.toml). Skills naming any other are refused.
     #[arg(long = "work-root", value_name = "DIR")]
     pub(crate) work_roots: Vec<PathBuf>,
+    /// A model spec create requests may name (repeatable): exact (`openai:gpt-4o-mini`) or a
+    /// prefix pattern (`openai:*`). Default: `oracle` and `spec` under [model] in
+    /// skillstate.toml.
+    #[arg(long = "allow-model", value_name = "SPEC")]
+    pub(crate) allow_model: Vec<String>,
+    /// Accept `scripted:<name>` models, read from files inside DIR only (a relative name, no
+    /// `..`, no symbolic link). Off by default: a scripted model reads a file on the server.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) scripted_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// What create requests may name on this server, from these flags and the configuration.
+    fn policy(&self, skills: PathBuf, config: &Config) -> Result<ServicePolicy> {
+        let models = if self.allow_model.is_empty() {
+            let mut models = vec!["oracle".to_owned()];
+            models.extend(config.model.spec.clone());
+            models
+        } else {
+            self.allow_model.clone()
+        };
+        let mut policy = ServicePolicy::default()
+            .with_skills_dir(skills)
+            .with_models(models)
+            .with_operator_only_environment(skillstate_envs::operator_only_parameters());
+        if let Some(dir) = &self.scripted_dir {
+            let dir = dir
+                .canonicalize()
+                .ok()
+                .filter(|d| d.is_dir())
+                .with_context(|| format!("--scripted-dir {}: no such directory", dir.display()))?;
+            policy = policy.with_scripted_dir(dir);
+        }
+        Ok(policy)
+    }
 }
 
 /// Builds tasks for create requests from the skills directory, as `batch submit` builds them
@@ -61,14 +97,23 @@ fn invalid(pointer: &str, message: String) -> ApiError {
 
 #[async_trait]
 impl TaskFactory for SkillsFactory {
-    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
-        let dir = skill_dir(&self.skills, &request.skill)?;
+    async fn prepare(&self, request: &ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
+        let dir = match &request.skill_dir {
+            Some(dir) => dir.clone(),
+            None => skill_dir(&self.skills, &request.skill)?,
+        };
         let skill = Skill::load(&dir)
             .map_err(|errors| invalid("/skill", format!("skill `{}`: {errors}", request.skill)))?
             .skill;
         if let Some(state) = &request.state {
             check_initial_state(&skill, state)?;
         }
+        toolbox::check_skill_paths(skill.settings(), &self.config).map_err(|e| {
+            invalid(
+                "/skill",
+                format!("skill `{}`: skill.toml: {e:#}", request.skill),
+            )
+        })?;
         let environment = skill.settings().environment.clone();
         let model = build_model(
             &request.model,
@@ -169,11 +214,13 @@ pub(crate) async fn run_with(
         .skills
         .canonicalize()
         .with_context(|| format!("--skills {}: no such directory", args.skills.display()))?;
+    let policy = args.policy(skills.clone(), &config)?;
     let factory = Arc::new(SkillsFactory {
         skills: skills.clone(),
         config: config.clone(),
     });
     let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default())
+        .with_policy(policy)
         .with_prices(config.prices.clone());
     if let Some(results) = viewer.bench {
         state = state.with_bench_results(results);

@@ -39,6 +39,11 @@ pub async fn run(
     let skill = loaded.skill;
     let settings = skill.settings();
     let skill_toml = dir.join("skill.toml");
+    let config = load_config(config_path)?;
+    if let Err(error) = crate::toolbox::check_skill_paths(settings, &config) {
+        outln!("error: {}: {error:#}", skill_toml.display());
+        return Ok(ExitCode::FAILURE);
+    }
     let names: Vec<String> = match &settings.environment {
         Some(environment) => {
             let env = match skillstate_envs::build_environment(environment) {
@@ -65,7 +70,6 @@ pub async fn run(
         }
         None => {
             // Tool sources are checked without starting MCP servers; `skillstate tools` starts them.
-            let config = load_config(config_path)?;
             let mut problems = Vec::new();
             for entry in &settings.tools.allow {
                 let source = entry.split('.').next().unwrap_or(entry);

@@ -54,6 +54,8 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ViewArgs) -> Result
         skills: args.skills,
         workers: args.workers,
         work_roots: Vec::new(),
+        allow_model: Vec::new(),
+        scripted_dir: None,
     };
     let viewer = Viewer {
         bench,

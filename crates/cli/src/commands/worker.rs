@@ -81,9 +81,16 @@ impl CliHost {
 impl TaskHost for CliHost {
     async fn open(&self, task: &TaskRecord) -> Result<HostedTask, String> {
         let model = self.model_for(task)?;
-        let world = world_of_task(task, &self.config, false)
-            .await
-            .map_err(|e| format!("cannot rebuild the task's world: {e:#}"))?;
+        // Rebuilding a simulated world computes its whole episode up front: on a blocking
+        // thread, so the runtime's workers keep answering (the service shares them).
+        let (record, config) = (task.clone(), self.config.clone());
+        let handle = tokio::runtime::Handle::current();
+        let world = tokio::task::spawn_blocking(move || {
+            handle.block_on(world_of_task(&record, &config, false))
+        })
+        .await
+        .map_err(|e| format!("cannot rebuild the task's world: {e}"))?
+        .map_err(|e| format!("cannot rebuild the task's world: {e:#}"))?;
         Ok(HostedTask {
             env: world.env,
             model,

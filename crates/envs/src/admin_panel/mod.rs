@@ -20,7 +20,7 @@ use skillstate_tools::{
     CallContext, Environment, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
 };
 
-use crate::params::Params;
+use crate::params::{ParamSpec, Params};
 use crate::rng::SeededRng;
 use dates::{Day, parse_timestamp};
 
@@ -59,6 +59,16 @@ const EARLIER_TITLES: [&str; 6] = [
 pub const TITLE_MAX: usize = 80;
 pub const BODY_MIN: usize = 40;
 
+/// The admin panel's `[environment]` parameters.
+pub const PARAMETERS: &[ParamSpec] = &[
+    ParamSpec::whole("seed", 0, 0, u64::MAX),
+    ParamSpec::text("now", &[DEFAULT_NOW, "2027-02-28T23:59:59Z"]),
+    ParamSpec::text(
+        "request",
+        &["Schedule a post announcing the new dashboard for next Monday at 09:00."],
+    ),
+];
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdminPanelConfig {
     pub seed: u64,
@@ -71,8 +81,8 @@ pub struct AdminPanelConfig {
 
 impl AdminPanelConfig {
     pub fn from_params(params: &Map<String, Value>) -> Result<Self, EnvironmentError> {
-        let mut p = Params::new(KIND, params);
-        let seed = p.u64("seed", 0, 0, u64::MAX)?;
+        let p = Params::new(KIND, PARAMETERS, params);
+        let seed = p.u64("seed")?;
         let now = p
             .optional_text("now")?
             .unwrap_or_else(|| DEFAULT_NOW.to_owned());

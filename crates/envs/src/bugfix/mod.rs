@@ -28,7 +28,7 @@ use skillstate_tools::{
     CallContext, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
 };
 
-use crate::params::Params;
+use crate::params::{ParamSpec, Params};
 
 /// The longest a `wait` call sleeps.
 pub const MAX_WAIT_SECONDS: f64 = 10.0;
@@ -43,6 +43,14 @@ pub struct BugfixConfig {
     pub tests: u32,
 }
 
+/// The `[environment]` parameters of both bug-fix environments (`tests` defaults to
+/// `bugs + 3`).
+pub const PARAMETERS: &[ParamSpec] = &[
+    ParamSpec::whole("seed", 0, 0, u64::MAX),
+    ParamSpec::whole("bugs", 3, 1, codebase::TEMPLATES.len() as u64),
+    ParamSpec::whole("tests", 6, 1, codebase::NAMES.len() as u64),
+];
+
 impl BugfixConfig {
     pub fn new(seed: u64, bugs: u32) -> Self {
         Self {
@@ -53,15 +61,10 @@ impl BugfixConfig {
     }
 
     pub fn from_params(kind: &str, params: &Map<String, Value>) -> Result<Self, EnvironmentError> {
-        let mut p = Params::new(kind, params);
-        let seed = p.u64("seed", 0, 0, u64::MAX)?;
-        let bugs = p.u64("bugs", 3, 1, codebase::TEMPLATES.len() as u64)? as u32;
-        let tests = p.u64(
-            "tests",
-            u64::from(bugs) + 3,
-            1,
-            codebase::NAMES.len() as u64,
-        )? as u32;
+        let p = Params::new(kind, PARAMETERS, params);
+        let seed = p.u64("seed")?;
+        let bugs = p.u64("bugs")? as u32;
+        let tests = p.u64_or("tests", u64::from(bugs) + 3)? as u32;
         p.finish()?;
         if tests < bugs {
             return Err(EnvironmentError::Config {

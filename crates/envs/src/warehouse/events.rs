@@ -133,10 +133,20 @@ const REVEAL_DELAY: usize = 2;
 /// Steps after the reveal at which events depend on the drifted fact.
 const PROBE_DELAYS: [usize; 2] = [3, 10];
 
+/// Random draws tried for a fresh item id or a free shelf before the generator picks directly
+/// among those left (a scan), so neither can spin once few are left.
+const TRIES: usize = 64;
+/// Item ids are drawn from `0..ITEM_IDS`; once all of them are used, new ids count up from
+/// `ITEM_IDS` (long episodes receive more than `ITEM_IDS` items).
+const ITEM_IDS: u64 = 10_000;
+
 struct Generator {
     rng: SeededRng,
     truth: BTreeMap<u32, String>,
+    /// Ids drawn from `0..ITEM_IDS` so far.
     used_items: BTreeSet<u64>,
+    /// The next id handed out once `0..ITEM_IDS` is used up.
+    next_extra_item: u64,
     shelves: u32,
     /// An item kept out of random events because a drift scenario is about it.
     reserved: Option<String>,
@@ -144,23 +154,60 @@ struct Generator {
     drifted: Option<Change>,
 }
 
+/// The `k`-th (from 0) number of `0..` that is not in `taken`; `taken` ascending. Charges one
+/// unit of work per entry scanned.
+fn kth_free(taken: impl Iterator<Item = u64>, k: u64) -> u64 {
+    let mut candidate = k;
+    for value in taken {
+        crate::rng::charge(1);
+        if value <= candidate {
+            candidate += 1;
+        } else {
+            break;
+        }
+    }
+    candidate
+}
+
 impl Generator {
     fn new_item(&mut self) -> String {
-        loop {
-            let n = self.rng.below(10_000);
+        let left = ITEM_IDS - self.used_items.len() as u64;
+        if left == 0 {
+            let n = self.next_extra_item;
+            self.next_extra_item += 1;
+            return format!("item_{n}");
+        }
+        for _ in 0..TRIES {
+            let n = self.rng.below(ITEM_IDS);
             if self.used_items.insert(n) {
                 return format!("item_{n}");
             }
         }
+        let k = self.rng.below(left);
+        let n = kth_free(self.used_items.iter().copied(), k);
+        self.used_items.insert(n);
+        format!("item_{n}")
     }
 
-    fn empty_shelf(&mut self) -> u32 {
-        loop {
+    fn has_free_shelf(&self) -> bool {
+        (self.truth.len() as u64) < u64::from(self.shelves)
+    }
+
+    /// A free shelf, drawn uniformly; `None` when every shelf holds an item.
+    fn empty_shelf(&mut self) -> Option<u32> {
+        if !self.has_free_shelf() {
+            return None;
+        }
+        for _ in 0..TRIES {
             let shelf = self.rng.below(u64::from(self.shelves)) as u32;
             if !self.truth.contains_key(&shelf) {
-                return shelf;
+                return Some(shelf);
             }
         }
+        let free = u64::from(self.shelves) - self.truth.len() as u64;
+        let k = self.rng.below(free);
+        let shelf = kth_free(self.truth.keys().map(|s| u64::from(*s)), k);
+        u32::try_from(shelf).ok()
     }
 
     fn stored(&self) -> Vec<(u32, String)> {
@@ -178,15 +225,19 @@ impl Generator {
             .map(|(s, _)| *s)
     }
 
-    fn receive(&mut self) -> Event {
+    /// A shipment to store; `None` when no shelf is free.
+    fn receive(&mut self) -> Option<Event> {
+        if !self.has_free_shelf() {
+            return None;
+        }
         let item = self.new_item();
-        let shelf = self.empty_shelf();
+        let shelf = self.empty_shelf()?;
         self.truth.insert(shelf, item.clone());
         let shelf = shelf_name(shelf);
-        Event::plain(
+        Some(Event::plain(
             format!("Shipment arrived containing {item}. Store it on {shelf}."),
             Expected::Store { item, shelf },
-        )
+        ))
     }
 
     fn order(&mut self, shelf: u32, item: String) -> Event {
@@ -200,8 +251,12 @@ impl Generator {
         )
     }
 
+    /// Maintenance on `shelf`, whose item moves to a free shelf; an order for the item instead
+    /// when no shelf is free (only possible on a two-shelf warehouse during a drift).
     fn maintenance(&mut self, shelf: u32, item: String) -> Event {
-        let to = self.empty_shelf();
+        let Some(to) = self.empty_shelf() else {
+            return self.order(shelf, item);
+        };
         self.truth.remove(&shelf);
         self.truth.insert(to, item.clone());
         let (from, to) = (shelf_name(shelf), shelf_name(to));
@@ -225,7 +280,14 @@ impl Generator {
             self.rng.below(3)
         };
         match choice {
-            0 => self.receive(),
+            0 => match self.receive() {
+                Some(event) => event,
+                // No shelf is free: then something is stored (shelves >= 2, one reserved).
+                None => match stored.first().cloned() {
+                    Some((shelf, item)) => self.order(shelf, item),
+                    None => Event::plain("No new alerts.".into(), Expected::Wait),
+                },
+            },
             1 => {
                 let (shelf, item) = stored[self.rng.index(stored.len())].clone();
                 self.order(shelf, item)
@@ -244,6 +306,7 @@ pub fn generate_events(config: &WarehouseConfig) -> Vec<Event> {
         rng: SeededRng::new(config.seed),
         truth: BTreeMap::new(),
         used_items: BTreeSet::new(),
+        next_extra_item: ITEM_IDS,
         shelves: config.shelves,
         reserved: None,
         drifted: None,
@@ -298,7 +361,8 @@ fn start_drift(g: &mut Generator, drift: Drift) -> Event {
             drift_dependent: true,
         },
         Drift::SecretMove => {
-            let to = g.empty_shelf();
+            // Before a drift nothing is reserved, so at least one shelf is free.
+            let to = g.empty_shelf().unwrap_or(shelf);
             g.truth.remove(&shelf);
             g.truth.insert(to, item.clone());
             let event = g.random_event();

@@ -21,9 +21,28 @@ mod events;
 pub use events::{Change, Drift, Event, Expected, generate_events};
 
 use crate::noise::{warehouse_lines, with_telemetry};
-use crate::params::Params;
+use crate::params::{ParamSpec, Params};
 
 pub const KIND: &str = "warehouse";
+
+/// `drift`'s values: `none` and every [`Drift`] scenario.
+pub const DRIFT_NAMES: &[&str] = &[
+    "none",
+    "secret_move",
+    "secret_audit",
+    "secret_barcode",
+    "canceled_order",
+];
+
+/// The warehouse's `[environment]` parameters (README, "The example skills").
+pub const PARAMETERS: &[ParamSpec] = &[
+    ParamSpec::whole("seed", 0, 0, u64::MAX),
+    ParamSpec::whole("events", 10, 1, 100_000),
+    ParamSpec::whole("shelves", 500, 2, 100_000),
+    ParamSpec::whole("noise", 0, 0, 1000),
+    ParamSpec::one_of("drift", "none", DRIFT_NAMES),
+    ParamSpec::path("audit_log"),
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WarehouseConfig {
@@ -55,16 +74,13 @@ impl WarehouseConfig {
     }
 
     pub fn from_params(params: &Map<String, Value>) -> Result<Self, EnvironmentError> {
-        let mut p = Params::new(KIND, params);
-        let drift_names: Vec<&str> = std::iter::once("none")
-            .chain(Drift::ALL.iter().map(|d| d.as_str()))
-            .collect();
+        let p = Params::new(KIND, PARAMETERS, params);
         let config = Self {
-            seed: p.u64("seed", 0, 0, u64::MAX)?,
-            events: p.u64("events", 10, 1, 100_000)? as u32,
-            shelves: p.u64("shelves", 500, 2, 100_000)? as u32,
-            noise: p.u64("noise", 0, 0, 1000)? as u32,
-            drift: Drift::parse(&p.string("drift", "none", &drift_names)?),
+            seed: p.u64("seed")?,
+            events: p.u64("events")? as u32,
+            shelves: p.u64("shelves")? as u32,
+            noise: p.u64("noise")? as u32,
+            drift: Drift::parse(&p.string("drift")?),
             audit_log: p.optional_text("audit_log")?,
         };
         p.finish()?;

@@ -142,28 +142,17 @@ pub async fn create_board(
     if let Err(reason) = check_board_name(&request.name) {
         errors.push(FieldError::new("field", "/name", reason));
     }
-    match StateSchema::compile_all(request.schema.clone()) {
-        Err(defects) => {
-            errors.extend(defects.into_iter().map(|d| {
-                FieldError::new("schema_defect", format!("/schema{}", d.pointer), d.message)
-            }))
-        }
-        Ok(schema) => {
-            if !initial_state.is_object() {
-                errors.push(FieldError::new(
-                    "field",
-                    "/initial_state",
-                    "a board's state is a JSON object",
-                ));
-            } else {
-                let reader = schema.whole_view();
-                errors.extend(schema.violations(&initial_state).iter().map(|v| {
-                    let v = v.render(&reader);
-                    FieldError::new("schema", format!("/initial_state{}", v.pointer), v.message)
-                }));
-            }
-        }
-    }
+    // Compiling a caller's schema and checking the state against it may compute at length:
+    // off the async workers, under the work deadline.
+    let (schema, checked) = (request.schema.clone(), initial_state.clone());
+    errors.extend(
+        state
+            .offload
+            .run("compiling the board's schema", async move {
+                board_schema_errors(schema, &checked)
+            })
+            .await?,
+    );
     if !errors.is_empty() {
         return Err(ApiError::invalid("the board request is not valid", errors));
     }
@@ -200,6 +189,34 @@ pub async fn create_board(
         response.headers_mut().insert(header::LOCATION, value);
     }
     Ok(with_etag(response, board.version))
+}
+
+/// What is wrong with a new board's schema and initial state, each with its pointer.
+fn board_schema_errors(schema: Value, initial_state: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    match StateSchema::compile_all(schema) {
+        Err(defects) => {
+            errors.extend(defects.into_iter().map(|d| {
+                FieldError::new("schema_defect", format!("/schema{}", d.pointer), d.message)
+            }))
+        }
+        Ok(schema) => {
+            if !initial_state.is_object() {
+                errors.push(FieldError::new(
+                    "field",
+                    "/initial_state",
+                    "a board's state is a JSON object",
+                ));
+            } else {
+                let reader = schema.whole_view();
+                errors.extend(schema.violations(initial_state).iter().map(|v| {
+                    let v = v.render(&reader);
+                    FieldError::new("schema", format!("/initial_state{}", v.pointer), v.message)
+                }));
+            }
+        }
+    }
+    errors
 }
 
 /// The name rules of the store (`NewBoard::name`), checked before anything is compiled so

@@ -366,7 +366,15 @@ pub async fn fork(
             )],
         ));
     }
-    let mut world = state.factory.fork_world(&task).await?;
+    // Rebuilding a simulated world may compute at length: off the async workers, under the
+    // work deadline (nothing is stored until it is back).
+    let (factory, of) = (state.factory.clone(), task.clone());
+    let mut world = state
+        .offload
+        .run("rebuilding the task's world", async move {
+            factory.fork_world(&of).await
+        })
+        .await??;
     let env: Option<&mut dyn Environment> = match world.as_mut() {
         Some(world) => Some(world.as_mut()),
         None => None,

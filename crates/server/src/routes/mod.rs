@@ -143,13 +143,14 @@ mod tests {
     use tokio::sync::Notify;
 
     use super::*;
-    use crate::factory::{CreateTaskRequest, TaskFactory};
+    use crate::factory::TaskFactory;
+    use crate::policy::ResolvedRequest;
 
     struct NoFactory;
 
     #[async_trait::async_trait]
     impl TaskFactory for NoFactory {
-        async fn prepare(&self, _: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+        async fn prepare(&self, _: &ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
             Err(ApiError::Internal("no tasks here".into()))
         }
     }

@@ -14,8 +14,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::{Hold, is_task_id, owned_task};
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::factory::{CreateTaskRequest, check_request, is_label_name};
+use crate::factory::{CreateTaskRequest, is_label_name};
 use crate::json::{ApiJson, ApiQuery};
+use crate::policy::ResolvedRequest;
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{
     BatchCreated, CreatedTask, StatusName, TaskListItem, TaskPage, TaskView, Totals,
@@ -68,11 +69,11 @@ pub async fn create_task(
     ApiJson(request): ApiJson<CreateTaskRequest>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let errors = check_request(&request);
-    if !errors.is_empty() {
-        return Err(ApiError::invalid("the task request is not valid", errors));
-    }
-    let prepared = state.factory.prepare(&request).await?;
+    let resolved = state
+        .policy
+        .resolve(&request)
+        .map_err(|errors| ApiError::invalid("the task request is not valid", errors))?;
+    let prepared = prepare(&state, resolved).await?;
     let (task, created) = create_owned(&state, &caller, &request, prepared, key, &None).await?;
     let status = if created {
         StatusCode::CREATED
@@ -178,12 +179,14 @@ pub async fn create_tasks(
     let mut prepared = Vec::with_capacity(batch.tasks.len());
     for (index, request) in batch.tasks.iter().enumerate() {
         let prefix = format!("/tasks/{index}");
-        let found = check_request(request);
-        if !found.is_empty() {
-            errors.extend(found.into_iter().map(|e| e.under(&prefix)));
-            continue;
-        }
-        match state.factory.prepare(request).await {
+        let resolved = match state.policy.resolve(request) {
+            Ok(resolved) => resolved,
+            Err(found) => {
+                errors.extend(found.into_iter().map(|e| e.under(&prefix)));
+                continue;
+            }
+        };
+        match prepare(&state, resolved).await {
             Ok(task) => prepared.push(task),
             Err(ApiError::Invalid { errors: found, .. }) => {
                 errors.extend(found.into_iter().map(|e| e.under(&prefix)));
@@ -293,6 +296,18 @@ async fn batch_of(
         })
         .await?;
     Ok(Some(record.id))
+}
+
+/// The factory's task for a resolved request, built on a thread of the offload pool under the
+/// work deadline (environment set-up and state checks may compute at length).
+async fn prepare(state: &AppState, request: ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
+    let factory = state.factory.clone();
+    state
+        .offload
+        .run("preparing the task", async move {
+            factory.prepare(&request).await
+        })
+        .await?
 }
 
 /// Stores a prepared task for the caller's tenant; a replayed key must name the same skill and

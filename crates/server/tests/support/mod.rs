@@ -23,7 +23,7 @@ use skillstate_envs::oracle::OracleModel;
 use skillstate_providers::ModelProvider;
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
 use skillstate_server::{
-    ApiError, AppState, CreateTaskRequest, FieldError, ServerConfig, TaskFactory,
+    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, TaskFactory,
     check_initial_state, hash_secret, new_key_secret, skill_dir,
 };
 use skillstate_store::{
@@ -54,7 +54,7 @@ fn invalid(pointer: &str, message: String) -> ApiError {
 
 #[async_trait]
 impl TaskFactory for EnvFactory {
-    async fn prepare(&self, request: &CreateTaskRequest) -> Result<(NewTask, Value), ApiError> {
+    async fn prepare(&self, request: &ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
         let dir = skill_dir(&self.skills_dir, &request.skill)?;
         let skill = Skill::load(&dir)
             .map_err(|errors| ApiError::Internal(errors.to_string()))?

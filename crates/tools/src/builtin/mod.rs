@@ -11,7 +11,7 @@ mod spawner;
 
 pub use confine::WorkDir;
 pub use fs::{FsTool, fs_tools};
-pub use protected::ProtectedPaths;
+pub use protected::{ProtectedPaths, resolved as resolved_path};
 pub use rlimits::SandboxLimits;
 pub use sandbox::{Sandbox, SandboxConfig, SandboxMode};
 pub use shell::{ShellSettings, ShellTool};

@@ -87,7 +87,7 @@ impl ProtectedPaths {
 /// `path` made absolute, its longest existing prefix canonicalized (symlinks resolved) and the
 /// rest appended lexically (`.` dropped, `..` applied), so that a path and a symlink to it, or
 /// a file not created yet, compare as the same place.
-pub(crate) fn resolved(path: &Path) -> PathBuf {
+pub fn resolved(path: &Path) -> PathBuf {
     let absolute = if path.is_absolute() {
         path.to_path_buf()
     } else {

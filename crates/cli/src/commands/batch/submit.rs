@@ -48,6 +48,14 @@ impl Prepared {
 /// Reads and checks every input of `spec` against its skill, without touching a database.
 pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     let skill = load_skill(&spec.skill)?;
+    let mut config = config.clone();
+    config
+        .tools
+        .work_roots
+        .extend(spec.work_roots.iter().cloned());
+    let config = &config;
+    toolbox::check_skill_paths(skill.settings(), config)
+        .with_context(|| format!("{}", spec.skill.join("skill.toml").display()))?;
     let inputs = read_inputs(&spec.inputs)?;
     let environment = skill.settings().environment.clone();
     let model = build_model(
