@@ -105,7 +105,13 @@ pub async fn verify_journal(
             .map_err(|p| p.message)
             .and_then(|p| {
                 p.apply(&state)
-                    .map_err(|p| format!("{} at {}", p.message, p.pointer))
+                    .map_err(|p| {
+                        format!(
+                            "{} at {}",
+                            p.message,
+                            skillstate_core::json::pointer_for_humans(&p.pointer, "state")
+                        )
+                    })
             });
         match applied {
             Ok(next) => state = next,
