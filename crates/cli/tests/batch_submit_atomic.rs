@@ -11,7 +11,6 @@ use std::process::Command;
 
 use batch_support::*;
 use common::binary;
-use skillstate_store::prelude::*;
 
 const TASKS: usize = 1_000;
 

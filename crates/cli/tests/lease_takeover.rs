@@ -18,7 +18,6 @@ use batch_support::*;
 use common::{binary, warehouse_copy};
 use serde_json::json;
 use skillstate_store::Store;
-use skillstate_store::prelude::*;
 use support::{FakeServer, Reply, openai_answer};
 
 const LIMIT: Duration = Duration::from_secs(90);

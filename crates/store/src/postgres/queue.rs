@@ -188,7 +188,7 @@ impl Queue for PostgresStore {
         let mut all = Vec::new();
         loop {
             let mut chunk = Vec::with_capacity(SUBMIT_CHUNK);
-            for task in tasks.by_ref().take(SUBMIT_CHUNK) {
+            for task in (&mut *tasks).take(SUBMIT_CHUNK) {
                 chunk.push(task.map_err(StoreError::Feed)?);
             }
             if chunk.is_empty() {

@@ -117,7 +117,7 @@ impl Queue for SqliteStore {
             loop {
                 let mut rows = Vec::with_capacity(SUBMIT_CHUNK);
                 let mut failed = None;
-                for task in tasks.by_ref().take(SUBMIT_CHUNK) {
+                for task in (&mut *tasks).take(SUBMIT_CHUNK) {
                     match task {
                         Ok(t) => rows.push(
                             TaskRow::new(&t.task, &t.initial_state, Some(&t.labels))

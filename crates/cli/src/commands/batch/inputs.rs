@@ -62,6 +62,7 @@ struct Limits {
 }
 
 /// Reads every task of `path` at once (see [`stream_inputs`]).
+#[cfg(test)]
 pub fn read_inputs(path: &Path) -> Result<Vec<TaskInput>> {
     stream_inputs(path)?.collect()
 }

@@ -11,7 +11,6 @@ use serde_json::Value;
 use skillstate_core::skill::EnvironmentSettings;
 use skillstate_core::{ContextStrategy, Skill, SkillDefinition, ToolSpec};
 use skillstate_runtime::{TaskOptions, prepare_task};
-use skillstate_store::prelude::*;
 use skillstate_store::{BatchRecord, NewBatch, NewTask, QueuedTask, Store};
 use skillstate_tools::UserRequest;
 
