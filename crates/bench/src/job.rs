@@ -138,7 +138,8 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
         .map_err(BenchError::Runtime)?;
     let journal = store.journal(&task.id).await.map_err(BenchError::Store)?;
     let intents = store.intents(&task.id).await.map_err(BenchError::Store)?;
-    let ended = |outcome: ActionOutcome| intents.iter().filter(|i| i.outcome() == outcome).count() as u64;
+    let ended =
+        |outcome: ActionOutcome| intents.iter().filter(|i| i.outcome() == outcome).count() as u64;
 
     let per_step: Vec<u64> = journal
         .iter()

@@ -574,7 +574,10 @@ mod tests {
             strategy: ContextStrategy::State,
         };
         let run = |seed: u64, tool_errors: u64, outcome_unknown: u64| RunResult {
-            spec: crate::job::RunSpec { seed, ..spec.clone() },
+            spec: crate::job::RunSpec {
+                seed,
+                ..spec.clone()
+            },
             status: "completed".into(),
             failure: None,
             score: 1.0,
@@ -608,7 +611,10 @@ mod tests {
         };
         let report = BenchReport::new(config, vec![run(1, 1, 2), run(2, 0, 1)]);
         assert_eq!(
-            (report.groups[0].tool_errors, report.groups[0].outcome_unknown),
+            (
+                report.groups[0].tool_errors,
+                report.groups[0].outcome_unknown
+            ),
             (1, 3)
         );
         for text in [report.table(), report.markdown()] {

@@ -52,8 +52,15 @@ async fn killed_submit_leaves_nothing(dir: &Path, db: &str) {
     let store = skillstate_store::open_existing(db, &Default::default())
         .await
         .unwrap();
-    assert_eq!(store.list_batches().await.unwrap(), Vec::new(), "a batch was left");
-    assert!(store.list_tasks().await.unwrap().is_empty(), "tasks were left");
+    assert_eq!(
+        store.list_batches().await.unwrap(),
+        Vec::new(),
+        "a batch was left"
+    );
+    assert!(
+        store.list_tasks().await.unwrap().is_empty(),
+        "tasks were left"
+    );
 
     // The same submit, not killed, queues every task.
     let submitted = cli(dir, &config, &["--db", db, "batch", "submit", "batch.yaml"]);
@@ -91,10 +98,17 @@ async fn a_bad_line_late_in_the_inputs_stores_nothing() {
     text_in.push_str("{\"inptu\": 1}\n");
     std::fs::write(&inputs, text_in).unwrap();
     let db = dir.join("queue.db").display().to_string();
-    let refused = cli(dir, &config, &["--db", &db, "batch", "submit", "batch.yaml"]);
+    let refused = cli(
+        dir,
+        &config,
+        &["--db", &db, "batch", "submit", "batch.yaml"],
+    );
     expect_exit(&refused, 1, "batch submit with a bad line");
     assert!(
-        text(&refused.stderr).contains(&format!("inputs.jsonl:{}: unknown field `inptu`", TASKS + 1)),
+        text(&refused.stderr).contains(&format!(
+            "inputs.jsonl:{}: unknown field `inptu`",
+            TASKS + 1
+        )),
         "{}",
         text(&refused.stderr)
     );

@@ -85,7 +85,10 @@ async fn written(store: &dyn Store, task: &str) -> String {
         store.journal(task).await.unwrap(),
         store.intents(task).await.unwrap(),
         store.observations(task).await.unwrap(),
-        store.task(task).await.map(|t| (t.version, t.status, t.state)),
+        store
+            .task(task)
+            .await
+            .map(|t| (t.version, t.status, t.state)),
     )
 }
 

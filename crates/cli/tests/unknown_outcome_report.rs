@@ -64,7 +64,13 @@ async fn an_action_a_crash_left_unknown_is_its_own_figure_in_batch_report() {
         .iter()
         .filter(|i| i.outcome() == ActionOutcome::Failed)
         .count() as u64;
-    assert!(unknown[0].result.as_deref().unwrap_or("").starts_with("Outcome unknown"));
+    assert!(
+        unknown[0]
+            .result
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("Outcome unknown")
+    );
 
     let json = cli(
         dir,
@@ -94,7 +100,10 @@ async fn an_action_a_crash_left_unknown_is_its_own_figure_in_batch_report() {
     expect_exit(&md, 0, "batch report --format md");
     let md = text(&md.stdout);
     assert!(md.contains("outcome unknown"), "{md}");
-    assert!(md.contains("1 (actions whose outcome a crash left unknown"), "{md}");
+    assert!(
+        md.contains("1 (actions whose outcome a crash left unknown"),
+        "{md}"
+    );
     assert!(md.contains(&format!("{failed} tool errors)")), "{md}");
 
     let csv = cli(
@@ -103,5 +112,11 @@ async fn an_action_a_crash_left_unknown_is_its_own_figure_in_batch_report() {
         &["--db", &db, "batch", "report", &batch, "--format", "csv"],
     );
     expect_exit(&csv, 0, "batch report --format csv");
-    assert!(text(&csv.stdout).lines().next().unwrap().contains(",tool_errors,outcome_unknown,"));
+    assert!(
+        text(&csv.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .contains(",tool_errors,outcome_unknown,")
+    );
 }

@@ -59,7 +59,11 @@ async fn a_draining_worker_stops_waiting_for_a_rate_slot_and_sends_nothing() {
     )
     .unwrap();
     let db = dir.join("queue.db").display().to_string();
-    let submitted = cli(dir, &config, &["--db", &db, "batch", "submit", "batch.yaml"]);
+    let submitted = cli(
+        dir,
+        &config,
+        &["--db", &db, "batch", "submit", "batch.yaml"],
+    );
     expect_exit(&submitted, 0, "batch submit");
     let batch = text(&submitted.stdout).trim().to_owned();
 
@@ -90,7 +94,11 @@ async fn a_draining_worker_stops_waiting_for_a_rate_slot_and_sends_nothing() {
 
     signal(&worker.0[0], "TERM");
     // Without the fix the worker waits for the window (up to a minute) and then sends.
-    let status = wait_exit(&mut worker.0[0], Duration::from_secs(120), "the draining worker");
+    let status = wait_exit(
+        &mut worker.0[0],
+        Duration::from_secs(120),
+        "the draining worker",
+    );
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(log.contains("draining"), "{log}");

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use skillstate_core::{AcceptedStep, Action, Rejection};
 use skillstate_store::{
-    ActionResult, JournalEntry, LeasedWrite, MessageRecord, NewIntent, StepCommit, TaskStatus, Verdict,
+    ActionResult, JournalEntry, LeasedWrite, MessageRecord, NewIntent, StepCommit, TaskStatus,
+    Verdict,
 };
 use skillstate_tools::{CallContext, Tool, ToolOutput, call_bounded, failpoint, find_tool};
 

@@ -193,13 +193,7 @@ impl Drop for HeldLease {
 /// refused (someone else holds the lease) marks the lease lost. A failed renewal (database
 /// briefly unreachable) is retried until the lease would have expired, and then counts as lost
 /// too. Renewals keep to their schedule: a slow one does not push the next one back.
-async fn renew(
-    store: Arc<dyn Store>,
-    task: String,
-    token: String,
-    ttl: Duration,
-    lost: Lost,
-) {
+async fn renew(store: Arc<dyn Store>, task: String, token: String, ttl: Duration, lost: Lost) {
     renew_from(store, task, token, ttl, lost, tokio::time::Instant::now()).await;
 }
 

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use skillstate_core::{Rejection, StateSchema, validate_patch};
 use skillstate_store::{
-    JournalEntry, LeaseInfo, LeasedWrite, StepCommit, Store, StoreError, TaskRecord, TaskState, Verdict,
+    JournalEntry, LeaseInfo, LeasedWrite, StepCommit, Store, StoreError, TaskRecord, TaskState,
+    Verdict,
 };
 
 use crate::lease::{HeldLease, LeasePolicy, holder_is_gone};

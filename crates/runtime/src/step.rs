@@ -208,8 +208,8 @@ impl Runner<'_> {
                             // it does not spend the retry budget (up to a bound).
                             entry.errors = serde_json::to_value(&rejections).ok();
                             self.writer()
-                        .write(task, LeasedWrite::Rejection(&entry))
-                        .await?;
+                                .write(task, LeasedWrite::Rejection(&entry))
+                                .await?;
                             retry = rejections;
                             conflicts += 1;
                             if conflicts <= MAX_CONFLICTS_PER_STEP {

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use skillstate_core::secrets::Redactor;
 use skillstate_providers::ModelProvider;
 use skillstate_store::{
-    BatchRecord, Claimed, LeaseClaim, LeasedWrite, OnError, Settle, Store, StoreError, TaskRecord, TaskStatus,
+    BatchRecord, Claimed, LeaseClaim, LeasedWrite, OnError, Settle, Store, StoreError, TaskRecord,
+    TaskStatus,
 };
 use skillstate_tools::{DEFAULT_CALL_LIMIT, Environment};
 use tokio::sync::{Mutex, mpsc, watch};
@@ -576,11 +577,12 @@ async fn run_hosted(
         Err(message) => return RunEnd::Broken(message),
     };
     let model: Arc<dyn ModelProvider> = match batch {
-        Some(batch) if !batch.rate_limit.is_unlimited() => Arc::new(SharedRateLimit::new(
-            hosted.model.clone(),
-            store.clone(),
-            format!("batch {} model {}", batch.id, task.model),
-            batch.rate_limit,
+        Some(batch) if !batch.rate_limit.is_unlimited() => Arc::new(
+            SharedRateLimit::new(
+                hosted.model.clone(),
+                store.clone(),
+                format!("batch {} model {}", batch.id, task.model),
+                batch.rate_limit,
             )
             .draining_on(drain.clone()),
         ),

@@ -128,7 +128,9 @@ async fn every_bad_answer_is_rejected_without_touching_the_state() {
                 .all(|e| e.verdict == Verdict::Rejected && e.patch.is_none())
         );
         let errors = journal[0].errors.as_ref().unwrap().to_string();
-        let expected_pointer = case.pointer.trim_start_matches("the whole state (pointer \"\")");
+        let expected_pointer = case
+            .pointer
+            .trim_start_matches("the whole state (pointer \"\")");
         assert!(
             errors.contains(&format!("\"pointer\":\"{expected_pointer}\"")),
             "{}: {errors}",

@@ -8,12 +8,12 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::{LeasedWrite, Result};
 use crate::boards::Boards;
 use crate::inbox::Inbox;
 use crate::model::*;
 use crate::queue::Queue;
 use crate::service::{Events, Keys, Tenancy};
+use crate::{LeasedWrite, Result};
 
 /// Everything a backend offers: tasks, their journal, execution leases, the work queue, what
 /// the HTTP service needs (API keys, tenants, events), and boards shared by several tasks.

@@ -155,7 +155,6 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-
 async fn list(db: &str) -> Result<ExitCode> {
     let store = open_existing(db).await?;
     let boards = store.list_boards(None).await?;

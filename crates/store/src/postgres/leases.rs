@@ -5,10 +5,10 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use super::PostgresStore;
+use super::journal::{record_action_result_in, record_rejection_in, set_status_in};
 use crate::model::*;
 use crate::rows::lease_from_row;
-use super::journal::{record_action_result_in, record_rejection_in, set_status_in};
-use crate::{Leases, LeasedWrite, Result, StoreError};
+use crate::{LeasedWrite, Leases, Result, StoreError};
 
 impl PostgresStore {
     /// `LeaseLost` naming who holds `task`'s lease now and since when (`NotFound` without a
@@ -181,13 +181,15 @@ impl Leases for PostgresStore {
                 .commit_step_in(tx, task, expected_version, commit)
                 .await
                 .map(|()| None),
-            LeasedWrite::Rejection(entry) => record_rejection_in(tx, task, entry).await.map(|()| None),
+            LeasedWrite::Rejection(entry) => {
+                record_rejection_in(tx, task, entry).await.map(|()| None)
+            }
             LeasedWrite::ActionResult(result) => record_action_result_in(tx, task, result)
                 .await
                 .map(|()| None),
-            LeasedWrite::Status { status, outcome } => {
-                set_status_in(tx, task, status, outcome).await.map(|()| None)
-            }
+            LeasedWrite::Status { status, outcome } => set_status_in(tx, task, status, outcome)
+                .await
+                .map(|()| None),
             LeasedWrite::StepWithBoard {
                 expected_task_version,
                 commit,

@@ -65,8 +65,8 @@ async fn insert_queued(
     tasks: &[QueuedTask],
     now: i64,
 ) -> Result<()> {
-        let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
-        sqlx::query(
+    let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
+    sqlx::query(
             "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant) \
              SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels, u.tenant \
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[], $14::text[]) \
@@ -88,7 +88,7 @@ async fn insert_queued(
         .bind(tasks.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
+    sqlx::query(
             "INSERT INTO snapshots (task_id, step, state, state_hash) \
              SELECT u.id, 0, u.state, u.hash FROM UNNEST($1::text[], $2::text[], $3::text[]) AS u(id, state, hash)",
         )
@@ -97,25 +97,25 @@ async fn insert_queued(
         .bind(tasks.iter().map(|t| state_hash(&t.initial_state)).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "INSERT INTO observations (task_id, step, text) \
+    sqlx::query(
+        "INSERT INTO observations (task_id, step, text) \
              SELECT u.id, 1, u.text FROM UNNEST($1::text[], $2::text[]) AS u(id, text)",
-        )
+    )
+    .bind(ids)
+    .bind(
+        tasks
+            .iter()
+            .map(|t| t.task.opening_observation.clone())
+            .collect::<Vec<_>>(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(CREATED_EVENTS)
         .bind(ids)
-        .bind(
-            tasks
-                .iter()
-                .map(|t| t.task.opening_observation.clone())
-                .collect::<Vec<_>>(),
-        )
+        .bind(now)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(CREATED_EVENTS)
-            .bind(ids)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
+    Ok(())
 }
 
 #[async_trait]

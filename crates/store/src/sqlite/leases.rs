@@ -8,14 +8,14 @@ use sqlx::Connection;
 
 use super::SqliteStore;
 use super::ops::Write;
-use super::ops_queue::{Release, Renew};
-use super::ops_state::UnleasedStep;
 use super::ops_boards::StepWithBoard;
 use super::ops_fenced::Fenced;
+use super::ops_queue::{Release, Renew};
+use super::ops_state::UnleasedStep;
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
 use crate::model::*;
 use crate::rows::{lease_from_row, to_json};
-use crate::{Leases, LeasedWrite, Result, StoreError, now_millis};
+use crate::{LeasedWrite, Leases, Result, StoreError, now_millis};
 
 const LEASE_OF_TASK: &str = "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = ?";
 
@@ -121,7 +121,9 @@ impl Leases for SqliteStore {
                 )),
                 None,
             ),
-            LeasedWrite::Rejection(entry) => (Write::Rejection(Rejection::new(task, entry, now)), None),
+            LeasedWrite::Rejection(entry) => {
+                (Write::Rejection(Rejection::new(task, entry, now)), None)
+            }
             LeasedWrite::ActionResult(result) => {
                 (Write::ActionDone(ActionDone::new(task, result, now)), None)
             }

@@ -8,13 +8,13 @@
 
 use rusqlite::Connection;
 
-use super::ops_fenced::Fenced;
 use super::ops_boards::{Attach, BoardWriteOp, DeleteBoard, NewBoardWrite, StepWithBoard};
+use super::ops_fenced::Fenced;
 use super::ops_keys::{NewKey, RevokeKey};
 use super::ops_queue::{Claim, Rate, RateTokens, Release, Renew, Settle};
 use super::ops_state::UnleasedStep;
-use super::ops_submit::SubmitBatch;
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
+use super::ops_submit::SubmitBatch;
 use super::ops_tasks::{NewTasks, OwnedTask};
 use crate::StoreError;
 use crate::queue::{Claimed, RateDecision};

@@ -155,7 +155,12 @@ impl Iterator for Inputs {
             }
             None => {
                 self.done = true;
-                (self.seen == 0).then(|| Err(anyhow::anyhow!("inputs: {} holds no tasks", self.path.display())))
+                (self.seen == 0).then(|| {
+                    Err(anyhow::anyhow!(
+                        "inputs: {} holds no tasks",
+                        self.path.display()
+                    ))
+                })
             }
         }
     }

@@ -383,7 +383,14 @@ mod tests {
             stop_reason: None,
             created_at: 0,
         };
-        Report::build(batch, &[task("t1", 1, 2), task("t2", 0, 1)], None, None, None, 20)
+        Report::build(
+            batch,
+            &[task("t1", 1, 2), task("t2", 0, 1)],
+            None,
+            None,
+            None,
+            20,
+        )
     }
 
     #[test]
@@ -395,7 +402,10 @@ mod tests {
                 "{text}"
             );
             assert!(text.contains("outcome unknown"), "{text}");
-            assert!(text.contains("3 (actions whose outcome a crash left unknown"), "{text}");
+            assert!(
+                text.contains("3 (actions whose outcome a crash left unknown"),
+                "{text}"
+            );
         }
         let csv = csv(&report);
         let mut lines = csv.lines();

@@ -139,10 +139,8 @@ fn anonymous_file() -> Result<std::fs::File> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
-    let path = std::env::temp_dir().join(format!(
-        "skillstate-submit-{}-{nanos}",
-        std::process::id()
-    ));
+    let path =
+        std::env::temp_dir().join(format!("skillstate-submit-{}-{nanos}", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
