@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use batch_support::*;
-use skillstate_store::prelude::*;
 use skillstate_store::{QueueState, TaskStatus};
 use support::{FakeServer, Reply, openai_answer};
 
