@@ -11,7 +11,7 @@ use skillstate_envs::oracle::OracleModel;
 use skillstate_providers::{ModelProvider, Usage};
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, start_task};
 use skillstate_store::prelude::*;
-use skillstate_store::{SqliteStore, Synchronous, TaskStatus, Verdict};
+use skillstate_store::{ActionOutcome, SqliteStore, Synchronous, TaskStatus, Verdict};
 
 use crate::BenchError;
 
@@ -52,6 +52,12 @@ pub struct RunResult {
     pub total_completion_tokens: u64,
     pub total_tokens: u64,
     pub rejected_answers: u64,
+    /// Tool calls that returned an error.
+    #[serde(default)]
+    pub tool_errors: u64,
+    /// Actions whose outcome a crash left unknown: their own figure, not tool errors.
+    #[serde(default)]
+    pub outcome_unknown: u64,
     /// What the provider reported, summed over the run's calls (absent for the oracle).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_usage: Option<Usage>,
@@ -131,6 +137,9 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
         .await
         .map_err(BenchError::Runtime)?;
     let journal = store.journal(&task.id).await.map_err(BenchError::Store)?;
+    let intents = store.intents(&task.id).await.map_err(BenchError::Store)?;
+    let ended =
+        |outcome: ActionOutcome| intents.iter().filter(|i| i.outcome() == outcome).count() as u64;
 
     let per_step: Vec<u64> = journal
         .iter()
@@ -168,6 +177,8 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
             .iter()
             .filter(|e| e.verdict == Verdict::Rejected)
             .count() as u64,
+        tool_errors: ended(ActionOutcome::Failed),
+        outcome_unknown: ended(ActionOutcome::Unknown),
         provider_usage: journal
             .iter()
             .filter_map(|e| {

@@ -31,6 +31,12 @@ pub struct Group {
     pub prompt_max: Option<MeanSd>,
     pub total_tokens: Option<MeanSd>,
     pub rejected_answers: u64,
+    /// Tool calls that returned an error, over the group's runs.
+    #[serde(default)]
+    pub tool_errors: u64,
+    /// Actions whose outcome a crash left unknown, over the group's runs: not tool errors.
+    #[serde(default)]
+    pub outcome_unknown: u64,
     /// Over the runs that reached a drift reveal; `None` when none did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_steps: Option<MeanSd>,
@@ -116,6 +122,8 @@ impl BenchReport {
                     prompt_max: over_stepped(&|r| r.prompt_max as f64),
                     total_tokens: over_stepped(&|r| r.total_tokens as f64),
                     rejected_answers: runs.iter().map(|r| r.rejected_answers).sum(),
+                    tool_errors: runs.iter().map(|r| r.tool_errors).sum(),
+                    outcome_unknown: runs.iter().map(|r| r.outcome_unknown).sum(),
                     recovery_steps: (has_drift && !recoveries.is_empty())
                         .then(|| mean_sd(&recoveries)),
                     recovered_runs: has_drift
@@ -257,6 +265,7 @@ impl BenchReport {
             out.push('\n');
             out.push_str(&note);
         }
+        out.push_str(&tool_note(&self.groups));
         if !self.scaling.is_empty() {
             out.push_str(&self.scaling_text(false));
         }
@@ -330,6 +339,7 @@ impl BenchReport {
             out.push('\n');
             out.push_str(&note);
         }
+        out.push_str(&tool_note(&self.groups));
         out.push_str(&self.scaling_text(true));
         out.push_str(&format!(
             "\nRuns: {} ({} horizon(s) × {} noise level(s) × {} drift condition(s) × {} seed(s) × {} strategies). \
@@ -403,6 +413,16 @@ fn failure_note(groups: &[Group]) -> Option<String> {
              committed at least one step ({NO_FIGURE} when none did).\n"
         )
     })
+}
+
+/// The tool figures under a table: tool errors, and actions whose outcome a crash left
+/// unknown as their own figure (they are not tool errors).
+fn tool_note(groups: &[Group]) -> String {
+    let errors: u64 = groups.iter().map(|g| g.tool_errors).sum();
+    let unknown: u64 = groups.iter().map(|g| g.outcome_unknown).sum();
+    format!(
+        "\nTool calls that returned an error: {errors}. Outcome unknown (actions a crash left unknown, not counted as tool errors): {unknown}.\n"
+    )
 }
 
 /// `12,345`
@@ -542,5 +562,66 @@ mod tests {
         assert_eq!(compact(12_600.0), "12.6k");
         assert_eq!(compact(1_062_387.0), "1.06M");
         assert_eq!(compact(950.0), "950");
+    }
+
+    #[test]
+    fn unknown_outcomes_are_their_own_figure_in_both_renderings() {
+        let spec = crate::job::RunSpec {
+            horizon: 3,
+            noise: 0,
+            drift: None,
+            seed: 1,
+            strategy: ContextStrategy::State,
+        };
+        let run = |seed: u64, tool_errors: u64, outcome_unknown: u64| RunResult {
+            spec: crate::job::RunSpec {
+                seed,
+                ..spec.clone()
+            },
+            status: "completed".into(),
+            failure: None,
+            score: 1.0,
+            steps: 3,
+            prompt_tokens_per_step: vec![10, 10, 10],
+            prompt_mean: Some(10.0),
+            prompt_max: 10,
+            prompt_last: 10,
+            total_prompt_tokens: 30,
+            total_completion_tokens: 3,
+            total_tokens: 33,
+            rejected_answers: 0,
+            tool_errors,
+            outcome_unknown,
+            provider_usage: None,
+            recovery_steps: None,
+            recovered: None,
+            wall_ms: 1,
+        };
+        let config = BenchConfig {
+            environment: "warehouse".into(),
+            horizons: vec![3],
+            seeds: vec![1, 2],
+            strategies: vec![ContextStrategy::State],
+            budget: None,
+            noise: vec![0],
+            drifts: Vec::new(),
+            model: "oracle".into(),
+            price: None,
+            jobs: 1,
+        };
+        let report = BenchReport::new(config, vec![run(1, 1, 2), run(2, 0, 1)]);
+        assert_eq!(
+            (
+                report.groups[0].tool_errors,
+                report.groups[0].outcome_unknown
+            ),
+            (1, 3)
+        );
+        for text in [report.table(), report.markdown()] {
+            assert!(
+                text.contains("Tool calls that returned an error: 1. Outcome unknown (actions a crash left unknown, not counted as tool errors): 3."),
+                "{text}"
+            );
+        }
     }
 }

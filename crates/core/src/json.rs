@@ -96,6 +96,18 @@ pub fn pointer_tokens(pointer: &str) -> Option<Vec<String>> {
     )
 }
 
+/// A JSON pointer as a message shows it to a person: the pointer itself, and for the empty
+/// pointer (the whole document) `the whole <document> (pointer "")`, so that no message
+/// reads as if a name were missing ("state (root):  is read-only"). Every message that puts
+/// a pointer into a sentence goes through this one function.
+pub fn pointer_for_humans(pointer: &str, document: &str) -> String {
+    if pointer.is_empty() {
+        format!("the whole {document} (pointer \"\")")
+    } else {
+        pointer.to_owned()
+    }
+}
+
 /// `true` when `descendant` equals `ancestor` or lies below it.
 pub fn pointer_is_within(descendant: &str, ancestor: &str) -> bool {
     descendant == ancestor
@@ -106,6 +118,15 @@ pub fn pointer_is_within(descendant: &str, ancestor: &str) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_empty_pointer_is_named_as_the_whole_document() {
+        assert_eq!(
+            pointer_for_humans("", "state"),
+            "the whole state (pointer \"\")"
+        );
+        assert_eq!(pointer_for_humans("/a~1b", "state"), "/a~1b");
+    }
 
     #[test]
     fn canonical_form_ignores_key_order() {

@@ -87,17 +87,12 @@ impl fmt::Display for Rejection {
             Document::Output => "output",
             Document::State => "state",
         };
-        let pointer = if self.pointer.is_empty() {
-            "(root)"
+        let place = if self.pointer.is_empty() {
+            crate::json::pointer_for_humans("", doc)
         } else {
-            &self.pointer
+            format!("{doc} {}", self.pointer)
         };
-        write!(
-            f,
-            "[{}] {doc} {pointer}: {}",
-            self.kind.as_str(),
-            self.message
-        )
+        write!(f, "[{}] {place}: {}", self.kind.as_str(), self.message)
     }
 }
 
@@ -346,7 +341,8 @@ pub(crate) fn check_patch_with(
                     kind: RejectionKind::ReadOnly,
                     document: Document::State,
                     message: format!(
-                        "{pointer} is read-only (owned by the runtime or the user); leave it, and everything inside it, out of state_patch"
+                        "{} is read-only (owned by the runtime or the user); leave it, and everything inside it, out of state_patch",
+                        crate::json::pointer_for_humans(&pointer, "state")
                     ),
                     pointer,
                 });

@@ -346,3 +346,41 @@ fn schemas_without_read_only_skip_evaluation() {
     assert!(!schema.has_read_only());
     assert!(schema.read_only_annotations(&json!({"a": 1})).is_empty());
 }
+
+/// A read-only root is named as the whole state, never as an empty name: the refusal reads
+/// `the whole state (pointer "") is read-only`, both in the message and as the prompt lists it.
+#[test]
+fn a_read_only_root_is_named_as_the_whole_state() {
+    let schema = StateSchema::compile(json!({
+        "type": "object",
+        "readOnly": true,
+        "properties": {"notes": {"type": "string"}}
+    }))
+    .unwrap();
+    let catalog = catalog();
+    let rules = StepRules {
+        schema: &schema,
+        catalog: &catalog,
+        state_token_budget: 10_000,
+    };
+    let answer = json!({"reasoning": "r", "state_patch": {"notes": "x"},
+        "action": {"tool": "wait", "args": {}}});
+    let rejected = validate_step(&rules, &json!({"notes": ""}), &answer.to_string()).unwrap_err();
+    let root = rejected
+        .rejections
+        .iter()
+        .find(|r| r.kind == RejectionKind::ReadOnly && r.pointer.is_empty())
+        .expect("the root is refused as read-only");
+    assert!(
+        root.message
+            .starts_with("the whole state (pointer \"\") is read-only"),
+        "{}",
+        root.message
+    );
+    let shown = root.to_string();
+    assert!(
+        shown.starts_with("[read_only] the whole state (pointer \"\"): the whole state"),
+        "{shown}"
+    );
+    assert!(!shown.contains(":  is"), "{shown}");
+}

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use skillstate_core::{AcceptedStep, Action, Rejection};
 use skillstate_store::{
-    ActionResult, JournalEntry, MessageRecord, NewIntent, StepCommit, TaskStatus, Verdict,
+    ActionResult, JournalEntry, LeasedWrite, MessageRecord, NewIntent, StepCommit, TaskStatus,
+    Verdict,
 };
 use skillstate_tools::{CallContext, Tool, ToolOutput, call_bounded, failpoint, find_tool};
 
@@ -96,7 +97,7 @@ impl Runner<'_> {
         match (board, &accepted.board) {
             (Some((board, seen)), Some(change)) => {
                 let committed = board
-                    .commit(self.store.as_ref(), task, *version, &commit, seen, change)
+                    .commit(&self.writer(), task, *version, &commit, seen, change)
                     .await?;
                 if let BoardCommitted::Refused(rejections) = committed {
                     // Nothing was written: a result held back for this commit waits for the
@@ -107,7 +108,17 @@ impl Runner<'_> {
                     return Ok(Acted::Refused(rejections));
                 }
             }
-            _ => self.store.commit_step(task, *version, &commit).await?,
+            _ => {
+                self.writer()
+                    .write(
+                        task,
+                        LeasedWrite::Step {
+                            expected_version: *version,
+                            commit: &commit,
+                        },
+                    )
+                    .await?;
+            }
         }
         crate::metrics::step_committed();
         failpoint("after_commit");
@@ -131,8 +142,8 @@ impl Runner<'_> {
             if repeatable {
                 self.held_result = Some((task.to_owned(), action_result));
             } else {
-                self.store
-                    .record_action_result(task, &action_result)
+                self.writer()
+                    .write(task, LeasedWrite::ActionResult(&action_result))
                     .await?;
             }
         }
@@ -183,6 +194,25 @@ impl Runner<'_> {
             .await
     }
 
+    /// Records that a committed action's outcome is unknown (the runtime stopped before its
+    /// result was recorded, and it is not one to repeat): `output` tells the model so, and
+    /// the store keeps it apart from tool errors.
+    pub(crate) async fn record_unknown_outcome(
+        &mut self,
+        task: &str,
+        step: u64,
+        output: ToolOutput,
+    ) -> Result<(), RuntimeError> {
+        let result = ActionResult {
+            outcome_unknown: true,
+            ..self.action_result(task, step, output, &[])
+        };
+        self.writer()
+            .write(task, LeasedWrite::ActionResult(&result))
+            .await?;
+        Ok(())
+    }
+
     /// [`Self::record_result`], also marking the inbox entries `delivered` (the decision the
     /// result carries out, the messages its observation shows) in the same transaction; the
     /// messages `shown` open the next observation, before the result.
@@ -196,7 +226,9 @@ impl Runner<'_> {
     ) -> Result<(), RuntimeError> {
         let mut result = self.action_result(task, step, output, shown);
         result.delivered = delivered;
-        self.store.record_action_result(task, &result).await?;
+        self.writer()
+            .write(task, LeasedWrite::ActionResult(&result))
+            .await?;
         Ok(())
     }
 
@@ -229,6 +261,7 @@ impl Runner<'_> {
             step,
             ok: output.ok,
             result: output.text,
+            outcome_unknown: false,
             next_observation,
             env_checkpoint: Some(self.env.checkpoint()),
             delivered: Vec::new(),

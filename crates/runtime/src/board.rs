@@ -12,9 +12,12 @@ use skillstate_core::board::{
     rebase,
 };
 use skillstate_core::validate::Rejection;
-use skillstate_store::{BoardAuthor, BoardWrite, StepCommit, Store, StoreError, TaskRecord};
+use skillstate_store::{
+    BoardAuthor, BoardWrite, LeasedWrite, StepCommit, Store, StoreError, TaskRecord,
+};
 
 use crate::RuntimeError;
+use crate::lease::TaskWriter;
 
 /// How often a commit whose board moved on is rebased and tried again before the answer is
 /// refused as a conflict. Each try rebases onto a newer version, and every failed try means
@@ -75,7 +78,9 @@ impl BoardFrame {
         let schema = StateSchema::compile(board.schema).map_err(|defect| {
             stored(format!(
                 "board {}: its stored schema at {}: {}",
-                board.name, defect.pointer, defect.message
+                board.name,
+                skillstate_core::json::pointer_for_humans(&defect.pointer, "schema"),
+                defect.message
             ))
         })?;
         Ok(Some(Self {
@@ -98,7 +103,7 @@ impl BoardFrame {
     /// `seen`, in one transaction; rebases onto newer versions as the rule allows.
     pub(crate) async fn commit(
         &self,
-        store: &dyn Store,
+        writer: &TaskWriter<'_>,
         task: &str,
         task_version: u64,
         commit: &StepCommit,
@@ -118,17 +123,19 @@ impl BoardFrame {
             rebased_from: None,
         };
         for _ in 0..COMMIT_TRIES {
-            match store
-                .commit_step_with_board(
+            let written = writer
+                .write(
                     task,
-                    task_version,
-                    commit,
-                    &self.id,
-                    target_version,
-                    &write,
+                    LeasedWrite::StepWithBoard {
+                        expected_task_version: task_version,
+                        commit,
+                        board: &self.id,
+                        expected_board_version: target_version,
+                        write: &write,
+                    },
                 )
-                .await
-            {
+                .await;
+            match written {
                 Ok(_) => {
                     if write.rebased_from.is_some() {
                         crate::metrics::board_rebased();
@@ -136,10 +143,10 @@ impl BoardFrame {
                     crate::metrics::board_written();
                     return Ok(BoardCommitted::Done);
                 }
-                Err(StoreError::BoardMoved { .. }) => {}
-                Err(other) => return Err(other.into()),
+                Err(RuntimeError::Store(StoreError::BoardMoved { .. })) => {}
+                Err(other) => return Err(other),
             }
-            let newest = self.read(store).await?;
+            let newest = self.read(writer.store).await?;
             match rebase(&change.patch, &seen.state, &newest.state) {
                 Ok(rebased) => match apply_board(
                     &self.schema,
@@ -168,7 +175,7 @@ impl BoardFrame {
             }
         }
         crate::metrics::board_conflicted();
-        let newest = self.read(store).await?;
+        let newest = self.read(writer.store).await?;
         let everything = Conflict {
             pointers: skillstate_core::board::touched(&change.patch),
             fresh: Value::Null,

@@ -7,15 +7,20 @@
 //! over once the lease expired, or at once when the holder is a process of this same machine
 //! (same boot, same PID namespace) that no longer exists — a `kill -9` does not lock a task
 //! for the lease's whole time to live.
+//!
+//! Every write a runner makes goes through its lease ([`TaskWriter`]): the store checks the
+//! lease in the same transaction as the write (`Leases::write_under_lease`), so a runner that
+//! was frozen past its lease while another runner took the task over stops with "lost the
+//! lease to <holder> at <time>" and writes nothing — whatever it was about to write.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use skillstate_store::{DEFAULT_LEASE_SECS, LeaseClaim, Store, StoreError};
+use skillstate_store::{DEFAULT_LEASE_SECS, LeaseClaim, LeasedWrite, Store, StoreError};
 use tokio::task::JoinHandle;
 
 use crate::RuntimeError;
+use crate::step_loop::now_millis;
 
 /// How a runner leases its tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +45,24 @@ pub(crate) struct HeldLease {
     store: Arc<dyn Store>,
     task: String,
     token: String,
-    lost: Arc<AtomicBool>,
+    lost: Lost,
     heartbeat: JoinHandle<()>,
+}
+
+/// Who took the lease over and when (`holder`, Unix milliseconds), once it is lost.
+type Lost = Arc<Mutex<Option<(String, i64)>>>;
+
+fn mark_lost(lost: &Lost, error: &StoreError) {
+    let (holder, at) = match error {
+        StoreError::LeaseLost { holder, at, .. } => (holder.clone(), *at),
+        _ => (
+            "another runner (the lease could not be renewed in time)".to_owned(),
+            now_millis(),
+        ),
+    };
+    if let Ok(mut lost) = lost.lock() {
+        lost.get_or_insert((holder, at));
+    }
 }
 
 impl HeldLease {
@@ -73,7 +94,7 @@ impl HeldLease {
             }
             Err(other) => return Err(other.into()),
         }
-        let lost = Arc::new(AtomicBool::new(false));
+        let lost: Lost = Arc::default();
         let heartbeat = tokio::spawn(renew(
             store.clone(),
             task.to_owned(),
@@ -100,7 +121,7 @@ impl HeldLease {
         ttl: Duration,
         taken: tokio::time::Instant,
     ) -> Self {
-        let lost = Arc::new(AtomicBool::new(false));
+        let lost: Lost = Arc::default();
         let heartbeat = tokio::spawn(renew_from(
             store.clone(),
             task.to_owned(),
@@ -125,13 +146,33 @@ impl HeldLease {
 
     /// `Err` once the lease could not be renewed: another runner may own the task now.
     pub(crate) fn check(&self) -> Result<(), RuntimeError> {
-        if self.lost.load(Ordering::SeqCst) {
-            return Err(StoreError::LeaseLost {
+        let lost = self.lost.lock().ok().and_then(|lost| lost.clone());
+        match lost {
+            Some((holder, at)) => Err(StoreError::LeaseLost {
                 task: self.task.clone(),
+                holder,
+                at,
             }
-            .into());
+            .into()),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Makes `write` under this lease, checked by the store in the same transaction.
+    pub(crate) async fn write(&self, write: LeasedWrite<'_>) -> Result<Option<u64>, RuntimeError> {
+        self.check()?;
+        match self
+            .store
+            .write_under_lease(&self.task, &self.token, write)
+            .await
+        {
+            Ok(version) => Ok(version),
+            Err(error @ StoreError::LeaseLost { .. }) => {
+                mark_lost(&self.lost, &error);
+                Err(error.into())
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     pub(crate) async fn release(self) {
@@ -152,13 +193,7 @@ impl Drop for HeldLease {
 /// refused (someone else holds the lease) marks the lease lost. A failed renewal (database
 /// briefly unreachable) is retried until the lease would have expired, and then counts as lost
 /// too. Renewals keep to their schedule: a slow one does not push the next one back.
-async fn renew(
-    store: Arc<dyn Store>,
-    task: String,
-    token: String,
-    ttl: Duration,
-    lost: Arc<AtomicBool>,
-) {
+async fn renew(store: Arc<dyn Store>, task: String, token: String, ttl: Duration, lost: Lost) {
     renew_from(store, task, token, ttl, lost, tokio::time::Instant::now()).await;
 }
 
@@ -167,7 +202,7 @@ async fn renew_from(
     task: String,
     token: String,
     ttl: Duration,
-    lost: Arc<AtomicBool>,
+    lost: Lost,
     taken: tokio::time::Instant,
 ) {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
@@ -180,18 +215,73 @@ async fn renew_from(
         let asked = tokio::time::Instant::now();
         match store.renew_lease(&task, &token, ttl_ms).await {
             Ok(()) => last_renewed = asked,
-            Err(StoreError::LeaseLost { .. }) => {
-                lost.store(true, Ordering::SeqCst);
+            Err(error @ StoreError::LeaseLost { .. }) => {
+                mark_lost(&lost, &error);
                 return;
             }
             Err(error) => {
                 tracing::warn!(%task, %error, "could not renew the execution lease");
                 if last_renewed.elapsed() >= ttl {
-                    lost.store(true, Ordering::SeqCst);
+                    mark_lost(&lost, &error);
                     return;
                 }
             }
         }
+    }
+}
+
+/// Where a runner's writes of one task go: through the lease it holds (the store checks the
+/// lease in the same transaction as each write), or, for a runner that holds none, straight to
+/// the store. The runner writes a task only through this.
+pub(crate) struct TaskWriter<'a> {
+    pub(crate) store: &'a dyn Store,
+    pub(crate) lease: Option<&'a HeldLease>,
+}
+
+impl TaskWriter<'_> {
+    /// Makes `write` on `task`; `LeaseLost` (naming the new holder) before anything else when
+    /// the lease was taken over. Returns the board's new version for a step with a board write.
+    pub(crate) async fn write(
+        &self,
+        task: &str,
+        write: LeasedWrite<'_>,
+    ) -> Result<Option<u64>, RuntimeError> {
+        if let Some(lease) = self.lease.filter(|lease| lease.task == task) {
+            return lease.write(write).await;
+        }
+        let store = self.store;
+        match write {
+            LeasedWrite::Step {
+                expected_version,
+                commit,
+            } => store.commit_step(task, expected_version, commit).await?,
+            LeasedWrite::Rejection(entry) => store.record_rejection(task, entry).await?,
+            LeasedWrite::ActionResult(result) => store.record_action_result(task, result).await?,
+            LeasedWrite::Status { status, outcome } => {
+                store.set_status(task, status, outcome).await?
+            }
+            LeasedWrite::StepWithBoard {
+                expected_task_version,
+                commit,
+                board,
+                expected_board_version,
+                write,
+            } => {
+                return Ok(Some(
+                    store
+                        .commit_step_with_board(
+                            task,
+                            expected_task_version,
+                            commit,
+                            board,
+                            expected_board_version,
+                            write,
+                        )
+                        .await?,
+                ));
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod act;
 mod board;
+mod drain;
 mod error;
 mod frame;
 mod inbox;
@@ -22,6 +23,7 @@ mod task_start;
 mod voice;
 mod worker;
 
+pub use drain::Drain;
 pub use error::RuntimeError;
 pub use frame::{TaskFrame, rebuild_prompt};
 pub use lease::LeasePolicy;

@@ -104,8 +104,13 @@ pub async fn verify_journal(
         let applied = StatePatch::from_value(&patch)
             .map_err(|p| p.message)
             .and_then(|p| {
-                p.apply(&state)
-                    .map_err(|p| format!("{} at {}", p.message, p.pointer))
+                p.apply(&state).map_err(|p| {
+                    format!(
+                        "{} at {}",
+                        p.message,
+                        skillstate_core::json::pointer_for_humans(&p.pointer, "state")
+                    )
+                })
             });
         match applied {
             Ok(next) => state = next,

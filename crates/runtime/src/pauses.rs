@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use skillstate_store::{IntentRecord, MessageKind, MessageRecord, TaskRecord, TaskStatus};
+use skillstate_store::{
+    IntentRecord, LeasedWrite, MessageKind, MessageRecord, TaskRecord, TaskStatus,
+};
 use skillstate_tools::{Tool, ToolOutput, failpoint};
 
 use crate::step_loop::Runner;
@@ -109,8 +111,14 @@ impl Runner<'_> {
             PauseDecision::Approve if messages.is_empty() => {
                 // Running first: dying inside the tool leaves an ordinary interrupted action,
                 // never a second approval.
-                self.store
-                    .set_status(&task.id, TaskStatus::Running, None)
+                self.writer()
+                    .write(
+                        &task.id,
+                        LeasedWrite::Status {
+                            status: TaskStatus::Running,
+                            outcome: None,
+                        },
+                    )
                     .await?;
                 self.check_lease()?;
                 let output = self
@@ -155,8 +163,14 @@ impl Runner<'_> {
         };
         self.record_delivering(&task.id, intent.step, output, delivered, &shown)
             .await?;
-        self.store
-            .set_status(&task.id, TaskStatus::Running, None)
+        self.writer()
+            .write(
+                &task.id,
+                LeasedWrite::Status {
+                    status: TaskStatus::Running,
+                    outcome: None,
+                },
+            )
             .await?;
         Ok(())
     }

@@ -9,6 +9,8 @@ use async_trait::async_trait;
 use skillstate_providers::{ModelProvider, ModelRequest, ModelResponse, ProviderError};
 use skillstate_store::{RateDecision, RateLimit, Store};
 
+use crate::Drain;
+
 /// Longest single sleep while waiting for room in the window; the store is asked again after.
 const MAX_NAP: Duration = Duration::from_secs(2);
 /// Longest total wait for one request before the step fails as a provider error (retryable).
@@ -20,6 +22,9 @@ pub struct SharedRateLimit {
     store: Arc<dyn Store>,
     scope: String,
     limit: RateLimit,
+    /// The drain of the worker this runs for: waiting for a slot stops the moment it starts,
+    /// and no request is sent once it has.
+    drain: Option<Drain>,
 }
 
 impl SharedRateLimit {
@@ -34,6 +39,39 @@ impl SharedRateLimit {
             store,
             scope,
             limit,
+            drain: None,
+        }
+    }
+
+    /// Stops waiting for a slot, and sends nothing, once `drain` has started: the request
+    /// fails with "not sent" and the (draining) runner leaves its task for another worker.
+    pub fn draining_on(mut self, drain: Drain) -> Self {
+        self.drain = Some(drain);
+        self
+    }
+
+    fn drained(&self) -> bool {
+        self.drain.as_ref().is_some_and(Drain::is_set)
+    }
+
+    fn not_sent(&self) -> ProviderError {
+        self.unavailable(
+            "the worker is draining: the request was not sent (the task stays queued for another worker)"
+                .to_owned(),
+        )
+    }
+
+    /// Sleeps `nap`, or less when the drain starts meanwhile (`true`).
+    async fn nap_or_drain(&self, nap: Duration) -> bool {
+        match &self.drain {
+            Some(drain) => tokio::select! {
+                () = tokio::time::sleep(nap) => false,
+                () = drain.started() => true,
+            },
+            None => {
+                tokio::time::sleep(nap).await;
+                false
+            }
         }
     }
 
@@ -56,6 +94,9 @@ impl ModelProvider for SharedRateLimit {
         let tokens = request.prompt_tokens as u64;
         let started = tokio::time::Instant::now();
         loop {
+            if self.drained() {
+                return Err(self.not_sent());
+            }
             let decision = self
                 .store
                 .rate_acquire(&self.scope, &self.limit, tokens)
@@ -71,9 +112,15 @@ impl ModelProvider for SharedRateLimit {
                             MAX_WAIT.as_secs()
                         )));
                     }
-                    tokio::time::sleep(Duration::from_millis(ms.max(5)).min(MAX_NAP)).await;
+                    let nap = Duration::from_millis(ms.max(5)).min(MAX_NAP);
+                    if self.nap_or_drain(nap).await {
+                        return Err(self.not_sent());
+                    }
                 }
             }
+        }
+        if self.drained() {
+            return Err(self.not_sent());
         }
         let response = self.inner.complete(request).await?;
         let answered = response

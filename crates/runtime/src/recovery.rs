@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use skillstate_core::json::state_hash;
 use skillstate_core::skill::UnknownOutcome;
 use skillstate_core::{Rejection, RejectionKind};
-use skillstate_store::{JournalEntry, Store, StoreError, TaskRecord, TaskStatus};
+use skillstate_store::{JournalEntry, LeasedWrite, Store, StoreError, TaskRecord, TaskStatus};
 use skillstate_tools::{Tool, ToolOutput};
 
 use crate::frame::rejections_of;
@@ -181,14 +181,22 @@ impl Runner<'_> {
             let question = format!("{known}. What happened?");
             let outcome =
                 json!({"reason": "unknown_outcome", "question": question, "step": intent.step});
-            self.store
-                .set_status(task, TaskStatus::AwaitingInput, Some(&outcome))
+            self.writer()
+                .write(
+                    task,
+                    LeasedWrite::Status {
+                        status: TaskStatus::AwaitingInput,
+                        outcome: Some(&outcome),
+                    },
+                )
                 .await?;
             return Ok(true);
         } else {
-            ToolOutput::failure(format!(
+            let output = ToolOutput::failure(format!(
                 "Outcome unknown: {known}. Check before repeating it."
-            ))
+            ));
+            self.record_unknown_outcome(task, version, output).await?;
+            return Ok(false);
         };
         self.record_result(task, version, output).await?;
         Ok(false)
@@ -231,8 +239,14 @@ impl Runner<'_> {
             "from_attempt": made + 1,
             "after": task.outcome,
         });
-        self.store
-            .set_status(&task.id, TaskStatus::Running, Some(&outcome))
+        self.writer()
+            .write(
+                &task.id,
+                LeasedWrite::Status {
+                    status: TaskStatus::Running,
+                    outcome: Some(&outcome),
+                },
+            )
             .await?;
         self.run_held(&task.id).await
     }

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use skillstate_core::{Rejection, StateSchema, validate_patch};
 use skillstate_store::{
-    JournalEntry, LeaseInfo, StepCommit, Store, StoreError, TaskRecord, TaskState, Verdict,
+    JournalEntry, LeaseInfo, LeasedWrite, StepCommit, Store, StoreError, TaskRecord, TaskState,
+    Verdict,
 };
 
 use crate::lease::{HeldLease, LeasePolicy, holder_is_gone};
@@ -217,17 +218,24 @@ async fn write_leased(
     let result = async {
         let task = store.task_state(write.task).await?;
         let prepared = prepare(store.as_ref(), &task, write).await?;
-        match store
-            .commit_step(&task.id, task.version, &prepared.commit)
-            .await
-        {
-            Ok(()) => Ok(prepared.written()),
-            Err(StoreError::Conflict { actual, .. }) => Err(StateWriteError::Stale {
+        let step = LeasedWrite::Step {
+            expected_version: task.version,
+            commit: &prepared.commit,
+        };
+        match lease.write(step).await {
+            Ok(_) => Ok(prepared.written()),
+            Err(crate::RuntimeError::Store(StoreError::Conflict { actual, .. })) => {
+                Err(StateWriteError::Stale {
+                    task: task.id,
+                    expected: write.if_match,
+                    current: actual,
+                })
+            }
+            Err(crate::RuntimeError::Store(other)) => Err(other.into()),
+            Err(other) => Err(StateWriteError::StoredTask {
                 task: task.id,
-                expected: write.if_match,
-                current: actual,
+                message: other.to_string(),
             }),
-            Err(other) => Err(other.into()),
         }
     }
     .await;
@@ -393,7 +401,8 @@ fn compiled_schema(task: &TaskState) -> Result<Arc<StateSchema>, StateWriteError
             task: task.id.clone(),
             message: format!(
                 "stored state schema is invalid at {}: {}",
-                defect.pointer, defect.message
+                skillstate_core::json::pointer_for_humans(&defect.pointer, "schema"),
+                defect.message
             ),
         }
     })?;

@@ -12,7 +12,7 @@ use skillstate_core::prompt::Turn;
 use skillstate_core::validate::Document;
 use skillstate_core::{Action, Rejection, RejectionKind, StepRules, count_tokens, validate_step};
 use skillstate_providers::ModelRequest;
-use skillstate_store::{JournalEntry, TaskStatus, Verdict};
+use skillstate_store::{JournalEntry, LeasedWrite, TaskStatus, Verdict};
 use skillstate_tools::{Tool, failpoint};
 
 use crate::RuntimeError;
@@ -109,6 +109,10 @@ impl Runner<'_> {
                 .await
             {
                 Ok(response) => response,
+                // A draining worker's request that was not sent (its rate-limit wait ended
+                // with the drain), or that failed meanwhile, does not fail the task: it stays
+                // running, for the next worker to continue.
+                Err(_) if self.draining() => return Ok(StepEnd::Stop),
                 Err(error) => {
                     crate::metrics::model_failed();
                     self.finish(
@@ -168,7 +172,9 @@ impl Runner<'_> {
             match verdict {
                 Err(rejected) => {
                     entry.errors = serde_json::to_value(&rejected.rejections).ok();
-                    self.store.record_rejection(task, &entry).await?;
+                    self.writer()
+                        .write(task, LeasedWrite::Rejection(&entry))
+                        .await?;
                     retry = rejected.rejections;
                     attempt += 1;
                 }
@@ -201,7 +207,9 @@ impl Runner<'_> {
                             // Others' writes met this answer: not the model's mistake, so
                             // it does not spend the retry budget (up to a bound).
                             entry.errors = serde_json::to_value(&rejections).ok();
-                            self.store.record_rejection(task, &entry).await?;
+                            self.writer()
+                                .write(task, LeasedWrite::Rejection(&entry))
+                                .await?;
                             retry = rejections;
                             conflicts += 1;
                             if conflicts <= MAX_CONFLICTS_PER_STEP {

@@ -11,12 +11,12 @@ use serde_json::{Value, json};
 use skillstate_core::prompt::Turn;
 use skillstate_core::secrets::Redactor;
 use skillstate_providers::ModelProvider;
-use skillstate_store::{ActionResult, Store, TaskRecord, TaskStatus};
+use skillstate_store::{ActionResult, LeasedWrite, Store, TaskRecord, TaskStatus};
 use skillstate_tools::{DEFAULT_CALL_LIMIT, Environment, Tool, find_tool};
 
 use crate::board::BoardFrame;
 use crate::frame::{TaskFrame, turns_from};
-use crate::lease::{HeldLease, LeasePolicy};
+use crate::lease::{HeldLease, LeasePolicy, TaskWriter};
 use crate::recovery::{Attempts, budget_start, check_continuity};
 use crate::step::{StepBudget, StepEnd};
 use crate::{RunObserver, RunOutcome, RuntimeError};
@@ -176,6 +176,19 @@ impl<'a> Runner<'a> {
         result
     }
 
+    /// Whether the worker this runner drives for drains (stop at the next step boundary).
+    pub(crate) fn draining(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+    }
+
+    /// Where this runner's writes go: through its lease, checked with each write.
+    pub(crate) fn writer(&self) -> TaskWriter<'_> {
+        TaskWriter {
+            store: self.store.as_ref(),
+            lease: self.lease.as_ref(),
+        }
+    }
+
     /// `Err` when this runner no longer holds its task's lease.
     pub(crate) fn check_lease(&self) -> Result<(), RuntimeError> {
         match &self.lease {
@@ -276,7 +289,9 @@ impl<'a> Runner<'a> {
     /// Writes the action result held back for the next commit, if any.
     pub(crate) async fn write_held_result(&mut self) -> Result<(), RuntimeError> {
         if let Some((task, result)) = self.held_result.take() {
-            self.store.record_action_result(&task, &result).await?;
+            self.writer()
+                .write(&task, LeasedWrite::ActionResult(&result))
+                .await?;
         }
         Ok(())
     }
@@ -349,7 +364,15 @@ impl<'a> Runner<'a> {
     ) -> Result<(), RuntimeError> {
         self.write_held_result().await?;
         self.secrets.redact_json(&mut outcome);
-        self.store.set_status(task, status, Some(&outcome)).await?;
+        self.writer()
+            .write(
+                task,
+                LeasedWrite::Status {
+                    status,
+                    outcome: Some(&outcome),
+                },
+            )
+            .await?;
         Ok(())
     }
 }

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,7 +15,8 @@ use serde_json::{Value, json};
 use skillstate_core::secrets::Redactor;
 use skillstate_providers::ModelProvider;
 use skillstate_store::{
-    BatchRecord, Claimed, LeaseClaim, OnError, Settle, Store, StoreError, TaskRecord, TaskStatus,
+    BatchRecord, Claimed, LeaseClaim, LeasedWrite, OnError, Settle, Store, StoreError, TaskRecord,
+    TaskStatus,
 };
 use skillstate_tools::{DEFAULT_CALL_LIMIT, Environment};
 use tokio::sync::{Mutex, mpsc, watch};
@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use crate::lease::{HeldLease, LeasePolicy, process_identity};
 use crate::rate::SharedRateLimit;
 use crate::step_loop::now_millis;
-use crate::{RunObserver, RuntimeError, is_retryable};
+use crate::{Drain, RunObserver, RuntimeError, is_retryable};
 
 /// What a claimed task runs with, rebuilt from its stored record.
 pub struct HostedTask {
@@ -156,8 +156,10 @@ pub enum WorkerEvent {
         task: String,
     },
     /// Another worker holds the task now (this one's lease expired); nothing more was written.
+    /// `message` says to whom the lease went and when ("lost the lease to … at …").
     LostLease {
         task: String,
+        message: String,
     },
     BatchStopped {
         batch: String,
@@ -195,7 +197,7 @@ pub async fn run_worker(
     events: Events,
 ) -> Result<WorkerStats, RuntimeError> {
     let options = Arc::new(options);
-    let drain = Arc::new(AtomicBool::new(false));
+    let drain = Drain::default();
     let batches: Arc<Mutex<HashMap<String, BatchRecord>>> = Arc::default();
     let mut running: JoinSet<Result<Outcome, RuntimeError>> = JoinSet::new();
     let mut stats = WorkerStats::default();
@@ -204,7 +206,7 @@ pub async fn run_worker(
     loop {
         let level = *stop.borrow();
         if level >= StopLevel::Drain {
-            drain.store(true, Ordering::SeqCst);
+            drain.start();
         }
         if level == StopLevel::Now {
             running.abort_all();
@@ -371,7 +373,7 @@ async fn run_one(
     host: Arc<dyn TaskHost>,
     options: Arc<WorkerOptions>,
     batches: Arc<Mutex<HashMap<String, BatchRecord>>>,
-    drain: Arc<AtomicBool>,
+    drain: Drain,
     events: Events,
     claimed: Claimed,
     lease: HeldLease,
@@ -404,18 +406,31 @@ async fn run_one(
     .await
     {
         RunEnd::Ran(run) => run,
-        RunEnd::Lost => {
-            emit(&events, WorkerEvent::LostLease { task: id });
+        RunEnd::Lost(message) => {
+            emit(&events, WorkerEvent::LostLease { task: id, message });
             return Ok(Outcome::Lost);
         }
         RunEnd::Broken(message) => {
             // The task could not run at all (its world or model cannot be built, its journal is
             // broken): it fails, with the reason, if this worker still holds it.
             let outcome = json!({"reason": "worker", "message": message});
-            if store.lease(&id).await?.is_some_and(|l| l.token == token) {
-                store
-                    .set_status(&id, TaskStatus::Failed, Some(&outcome))
-                    .await?;
+            let failed = LeasedWrite::Status {
+                status: TaskStatus::Failed,
+                outcome: Some(&outcome),
+            };
+            match store.write_under_lease(&id, &token, failed).await {
+                Ok(_) => {}
+                Err(error @ StoreError::LeaseLost { .. }) => {
+                    emit(
+                        &events,
+                        WorkerEvent::LostLease {
+                            task: id,
+                            message: error.to_string(),
+                        },
+                    );
+                    return Ok(Outcome::Lost);
+                }
+                Err(other) => return Err(other.into()),
             }
             crate::RunOutcome {
                 task_id: id.clone(),
@@ -436,7 +451,7 @@ async fn run_one(
     let settle = if run.status == TaskStatus::Failed
         && claimed.tries < max_retry
         && is_retryable(run.outcome.as_ref())
-        && !drain.load(Ordering::SeqCst)
+        && !drain.is_set()
     {
         let delay = options.backoff.delay(claimed.tries + 1);
         Settle::RetryAt {
@@ -450,8 +465,14 @@ async fn run_one(
         .await
     {
         Ok(()) => {}
-        Err(StoreError::LeaseLost { .. }) => {
-            emit(&events, WorkerEvent::LostLease { task: id });
+        Err(error @ StoreError::LeaseLost { .. }) => {
+            emit(
+                &events,
+                WorkerEvent::LostLease {
+                    task: id,
+                    message: error.to_string(),
+                },
+            );
             return Ok(Outcome::Lost);
         }
         Err(other) => return Err(other.into()),
@@ -507,11 +528,12 @@ async fn settle_done(
         .await
     {
         Ok(()) => {}
-        Err(StoreError::LeaseLost { .. }) => {
+        Err(error @ StoreError::LeaseLost { .. }) => {
             emit(
                 events,
                 WorkerEvent::LostLease {
                     task: id.to_owned(),
+                    message: error.to_string(),
                 },
             );
             return Ok(Outcome::Lost);
@@ -532,8 +554,8 @@ async fn settle_done(
 
 enum RunEnd {
     Ran(crate::RunOutcome),
-    /// The lease went to another worker; this one wrote nothing more.
-    Lost,
+    /// The lease went to another worker; this one wrote nothing more. Says to whom and when.
+    Lost(String),
     /// The task could not be run; the message says why.
     Broken(String),
 }
@@ -544,7 +566,7 @@ async fn run_hosted(
     store: &Arc<dyn Store>,
     host: &dyn TaskHost,
     options: &WorkerOptions,
-    drain: &Arc<AtomicBool>,
+    drain: &Drain,
     events: &Events,
     (task, messaged): (&TaskRecord, bool),
     lease: HeldLease,
@@ -555,12 +577,15 @@ async fn run_hosted(
         Err(message) => return RunEnd::Broken(message),
     };
     let model: Arc<dyn ModelProvider> = match batch {
-        Some(batch) if !batch.rate_limit.is_unlimited() => Arc::new(SharedRateLimit::new(
-            hosted.model.clone(),
-            store.clone(),
-            format!("batch {} model {}", batch.id, task.model),
-            batch.rate_limit,
-        )),
+        Some(batch) if !batch.rate_limit.is_unlimited() => Arc::new(
+            SharedRateLimit::new(
+                hosted.model.clone(),
+                store.clone(),
+                format!("batch {} model {}", batch.id, task.model),
+                batch.rate_limit,
+            )
+            .draining_on(drain.clone()),
+        ),
         _ => hosted.model.clone(),
     };
     let mut observer = StepEvents {
@@ -575,15 +600,15 @@ async fn run_hosted(
                 .with_lease_policy(options.lease.clone())
                 .with_secrets(&options.secrets)
                 .with_tool_limit(options.tool_limit)
-                .with_stop(drain.clone());
+                .with_stop(drain.flag());
         runner.run_claimed(&task.id, lease, retry).await
     };
     host.close(hosted).await;
     match outcome {
         Ok(run) => RunEnd::Ran(run),
-        Err(RuntimeError::Store(StoreError::LeaseLost { .. } | StoreError::Conflict { .. })) => {
-            RunEnd::Lost
-        }
+        Err(RuntimeError::Store(
+            error @ (StoreError::LeaseLost { .. } | StoreError::Conflict { .. }),
+        )) => RunEnd::Lost(error.to_string()),
         Err(other) => RunEnd::Broken(other.to_string()),
     }
 }

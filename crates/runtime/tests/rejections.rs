@@ -31,7 +31,7 @@ fn cases(first_event_answer: &str) -> Vec<Case> {
         Case {
             name: "deletes a required key",
             answer: answer(json!({"inventory": null}), action.clone()),
-            pointer: "state (root)",
+            pointer: "the whole state (pointer \"\")",
             budget: None,
         },
         Case {
@@ -49,7 +49,7 @@ fn cases(first_event_answer: &str) -> Vec<Case> {
         Case {
             name: "exceeds the state budget",
             answer: answer(good["state_patch"].clone(), action.clone()),
-            pointer: "state (root)",
+            pointer: "the whole state (pointer \"\")",
             budget: Some(12),
         },
         Case {
@@ -128,7 +128,9 @@ async fn every_bad_answer_is_rejected_without_touching_the_state() {
                 .all(|e| e.verdict == Verdict::Rejected && e.patch.is_none())
         );
         let errors = journal[0].errors.as_ref().unwrap().to_string();
-        let expected_pointer = case.pointer.trim_start_matches("state (root)");
+        let expected_pointer = case
+            .pointer
+            .trim_start_matches("the whole state (pointer \"\")");
         assert!(
             errors.contains(&format!("\"pointer\":\"{expected_pointer}\"")),
             "{}: {errors}",

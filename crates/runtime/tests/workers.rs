@@ -312,7 +312,7 @@ async fn a_worker_whose_lease_was_taken_over_stops_without_writing() {
         .unwrap();
     loop {
         match tokio::time::timeout(Duration::from_secs(30), events_rx.recv()).await {
-            Ok(Some(WorkerEvent::LostLease { task: lost })) => {
+            Ok(Some(WorkerEvent::LostLease { task: lost, .. })) => {
                 assert_eq!(lost, task);
                 break;
             }

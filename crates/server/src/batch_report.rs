@@ -85,6 +85,9 @@ pub struct TaskRow {
     pub rejected_answers: u64,
     pub tool_call_rejections: u64,
     pub tool_errors: u64,
+    /// Actions whose outcome is unknown after a crash (the runtime stopped between committing
+    /// them and recording their result): their own figure, not tool errors.
+    pub outcome_unknown: u64,
     /// From its first answer to its last write.
     pub duration_ms: Option<i64>,
     pub cost_usd: Option<f64>,
@@ -160,12 +163,15 @@ pub struct Metrics {
     /// Rejected answers over all answers (accepted + rejected).
     pub rejected_answer_rate: Option<f64>,
     /// Answers that named an unknown tool or gave invalid arguments, plus tool calls that
-    /// returned an error, over all answers.
+    /// returned an error, over all answers. Actions whose outcome is unknown after a crash
+    /// are not in it: they are `outcome_unknown`.
     pub invalid_tool_call_rate: Option<f64>,
     pub answers: u64,
     pub rejected_answers: u64,
     pub tool_call_rejections: u64,
     pub tool_errors: u64,
+    /// Actions whose outcome is unknown after a crash: neither a tool error nor a success.
+    pub outcome_unknown: u64,
     /// Over finished tasks.
     pub avg_tokens_per_task: Option<f64>,
     pub avg_duration_ms: Option<f64>,
@@ -268,6 +274,7 @@ impl Report {
                 rejected_answers: task.rejected,
                 tool_call_rejections: task.tool_call_rejections,
                 tool_errors: task.tool_errors,
+                outcome_unknown: task.outcome_unknown,
                 duration_ms,
                 cost_usd: price.map(|p| {
                     p.cost(&Usage {
@@ -338,6 +345,7 @@ fn metrics(
     let rejected: u64 = rows.iter().map(|r| r.rejected_answers).sum();
     let tool_call_rejections: u64 = rows.iter().map(|r| r.tool_call_rejections).sum();
     let tool_errors: u64 = rows.iter().map(|r| r.tool_errors).sum();
+    let outcome_unknown: u64 = rows.iter().map(|r| r.outcome_unknown).sum();
     let durations: Vec<f64> = finished
         .iter()
         .filter_map(|r| r.duration_ms)
@@ -365,6 +373,7 @@ fn metrics(
         rejected_answers: rejected,
         tool_call_rejections,
         tool_errors,
+        outcome_unknown,
         avg_tokens_per_task: avg(&finished_tokens),
         avg_duration_ms: avg(&durations),
         tokens: rows.iter().map(|r| r.tokens).sum(),
@@ -397,5 +406,56 @@ mod tests {
         let one = Percentiles::of(vec![7.0]);
         assert_eq!((one.p50, one.p95), (Some(7.0), Some(7.0)));
         assert_eq!(Percentiles::of(Vec::new()).p50, None);
+    }
+
+    fn task(id: &str, tool_errors: u64, outcome_unknown: u64) -> BatchTask {
+        BatchTask {
+            id: id.into(),
+            status: Some(skillstate_store::TaskStatus::Completed),
+            queue: Some(skillstate_store::QueueState::Done),
+            tries: 0,
+            labels: serde_json::json!({}),
+            version: 5,
+            outcome: None,
+            failure: None,
+            accepted: 5,
+            rejected: 0,
+            tool_call_rejections: 1,
+            tool_errors,
+            outcome_unknown,
+            prompt_tokens: 100,
+            input_tokens: 0,
+            output_tokens: 0,
+            created_at: 0,
+            started_at: Some(0),
+            updated_at: 10,
+            leased: false,
+        }
+    }
+
+    #[test]
+    fn unknown_outcomes_are_their_own_figure_and_not_tool_errors() {
+        let batch = BatchRecord {
+            id: "b".into(),
+            name: "b".into(),
+            spec: serde_json::json!({}),
+            on_error: skillstate_store::OnError::SkipAndLog,
+            max_retry: 0,
+            rate_limit: skillstate_store::RateLimit::default(),
+            state: BatchState::Open,
+            stop_reason: None,
+            created_at: 0,
+        };
+        let tasks = [task("a", 1, 2), task("b", 0, 1)];
+        let report = Report::build(batch, &tasks, None, None, None, 20);
+        let m = &report.metrics;
+        assert_eq!((m.tool_errors, m.outcome_unknown), (1, 3));
+        // 2 tool-call rejections + 1 tool error over 10 answers; the 3 unknown outcomes are not
+        // in the rate.
+        assert_eq!(m.invalid_tool_call_rate, Some(0.3));
+        assert_eq!(report.tasks[0].outcome_unknown, 2);
+        let json = serde_json::to_value(&report).unwrap_or_default();
+        assert_eq!(json["metrics"]["outcome_unknown"], 3);
+        assert_eq!(json["tasks"][1]["outcome_unknown"], 1);
     }
 }

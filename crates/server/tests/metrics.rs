@@ -623,7 +623,7 @@ async fn a_lease_taken_over_is_counted_as_lost() {
     ));
     let lost = tokio::time::timeout(RUN_LIMIT, async {
         while let Some(event) = received.recv().await {
-            if let WorkerEvent::LostLease { task } = event {
+            if let WorkerEvent::LostLease { task, .. } = event {
                 return task;
             }
         }

@@ -115,6 +115,7 @@ fn tool_result(step: u64) -> ActionResult {
     ActionResult {
         step,
         ok: true,
+        outcome_unknown: false,
         result: "{\"stored\": true}".into(),
         next_observation: format!("alert {step}: shelf_499 needs attention"),
         env_checkpoint: None,

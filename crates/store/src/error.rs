@@ -57,10 +57,17 @@ pub enum StoreError {
         time::utc(.lease.expires_at)
     )]
     Leased { task: String, lease: Box<LeaseInfo> },
+    /// The runner's lease was taken over (it was frozen or cut off past its time to live):
+    /// `holder` has held the task since `at` (Unix milliseconds). Nothing was written.
     #[error(
-        "task {task}: this process lost its execution lease (it was not renewed in time and another runner may have taken the task over); stopped without writing more"
+        "task {task}: lost the lease to {holder} at {}; this process stopped without writing anything more (the task goes on under its new holder)",
+        time::utc(*.at)
     )]
-    LeaseLost { task: String },
+    LeaseLost {
+        task: String,
+        holder: String,
+        at: i64,
+    },
     #[error(
         "{location} holds no skillstate database yet (read-only commands do not create one); run a task with this --db first, or check the location"
     )]
@@ -129,6 +136,10 @@ pub enum StoreError {
         version: u64,
         message: String,
     },
+    /// A batch's task feed failed (`Queue::submit_batch`): the message names the input.
+    /// Nothing of the batch was stored.
+    #[error("{0}")]
+    Feed(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

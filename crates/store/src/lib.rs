@@ -12,6 +12,7 @@ mod board_rows;
 mod boards;
 mod boards_history;
 mod error;
+mod fenced;
 mod history;
 mod inbox;
 mod migrate;
@@ -33,6 +34,7 @@ pub use boards::{
 };
 pub use boards_history::{board_state_at, board_state_replayed, member_board_secrets};
 pub use error::StoreError;
+pub use fenced::LeasedWrite;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};
 pub use model::*;

@@ -186,6 +186,30 @@ pub struct IntentRecord {
     pub result: Option<String>,
 }
 
+/// How a recorded action ended, as reports count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionOutcome {
+    /// Committed, no result recorded yet.
+    Pending,
+    Succeeded,
+    /// The tool returned an error: a tool error.
+    Failed,
+    /// A crash left it unknown whether it ran (`ActionResult::outcome_unknown`): its own
+    /// figure, never a tool error.
+    Unknown,
+}
+
+impl IntentRecord {
+    pub fn outcome(&self) -> ActionOutcome {
+        match (self.done, self.ok) {
+            (false, _) => ActionOutcome::Pending,
+            (true, Some(true)) => ActionOutcome::Succeeded,
+            (true, Some(false)) => ActionOutcome::Failed,
+            (true, None) => ActionOutcome::Unknown,
+        }
+    }
+}
+
 /// Everything an accepted step writes, in one transaction.
 #[derive(Debug, Clone)]
 pub struct StepCommit {
@@ -209,6 +233,10 @@ pub struct StepCommit {
 pub struct ActionResult {
     pub step: u64,
     pub ok: bool,
+    /// The action's outcome is unknown (the runtime stopped between committing it and
+    /// recording its result, and the action is not one to repeat): stored with `ok` NULL,
+    /// so reports count it as its own figure ("outcome unknown"), not as a tool error.
+    pub outcome_unknown: bool,
     pub result: String,
     /// The observation the next step starts from.
     pub next_observation: String,

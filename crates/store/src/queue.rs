@@ -14,6 +14,15 @@ use serde_json::Value;
 use crate::Result;
 use crate::model::{LeaseClaim, LeaseInfo, NewTask, TaskStatus};
 
+/// Where `Queue::submit_batch` reads a batch's tasks from, one at a time; an `Err` (a message
+/// naming the input at fault) ends the submit with nothing stored.
+pub type TaskFeed<'a> =
+    &'a mut (dyn Iterator<Item = std::result::Result<QueuedTask, String>> + Send);
+
+/// Tasks `submit_batch` takes from its feed at a time (and at most this many, twice, wait
+/// serialised for the database: the memory a submit holds).
+pub const SUBMIT_CHUNK: usize = 256;
+
 /// What happens to the rest of a batch when one of its tasks fails for good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -143,6 +152,8 @@ pub struct BatchTask {
     pub tool_call_rejections: u64,
     /// Tool calls that returned an error (`ok = false`).
     pub tool_errors: u64,
+    /// Actions whose outcome is unknown after a crash (`ok` NULL): not tool errors.
+    pub outcome_unknown: u64,
     /// Sum of counted prompt tokens.
     pub prompt_tokens: u64,
     /// Sums of provider-reported usage (`input_tokens`, `output_tokens`), 0 when unreported.
@@ -222,6 +233,16 @@ pub trait Queue: Send + Sync {
     /// Creates the tasks and queues them in `batch`, in order; returns their ids in order. A
     /// failure leaves none of them behind (one transaction, or chunks rolled back together).
     async fn enqueue_tasks(&self, batch: &str, tasks: Vec<QueuedTask>) -> Result<Vec<String>>;
+    /// Creates the batch and queues every task `tasks` yields, in order, in ONE transaction:
+    /// when the feed yields an error (`StoreError::Feed`, its message as is), a statement
+    /// fails or the process dies half-way, neither the batch nor any of its tasks is stored.
+    /// The feed is read a chunk at a time while the transaction is open, so memory stays
+    /// bounded whatever the number of tasks. Returns the batch and its tasks' ids, in order.
+    async fn submit_batch(
+        &self,
+        batch: &NewBatch,
+        tasks: TaskFeed<'_>,
+    ) -> Result<(BatchRecord, Vec<String>)>;
     /// Finds a batch by full id or unique id prefix.
     async fn batch(&self, id_or_prefix: &str) -> Result<BatchRecord>;
     /// Newest first.

@@ -101,6 +101,7 @@ where
         rejected: 0,
         tool_call_rejections: 0,
         tool_errors: 0,
+        outcome_unknown: 0,
         prompt_tokens: 0,
         input_tokens: 0,
         output_tokens: 0,

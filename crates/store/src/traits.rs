@@ -8,12 +8,12 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::Result;
 use crate::boards::Boards;
 use crate::inbox::Inbox;
 use crate::model::*;
 use crate::queue::Queue;
 use crate::service::{Events, Keys, Tenancy};
+use crate::{LeasedWrite, Result};
 
 /// Everything a backend offers: tasks, their journal, execution leases, the work queue, what
 /// the HTTP service needs (API keys, tenants, events), and boards shared by several tasks.
@@ -141,6 +141,20 @@ pub trait Leases: Send + Sync {
     async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()>;
     /// Gives the lease up, if `token` still holds it.
     async fn release_lease(&self, task: &str, token: &str) -> Result<()>;
+    /// Makes `write` as the runner whose lease `token` is: the lease is checked first, in the
+    /// same transaction as the write, so a runner that lost it (frozen past its time to live
+    /// while another runner took the task over) gets `StoreError::LeaseLost` naming the new
+    /// holder and since when, before any other check of the write (the task's version, a
+    /// pending intent) can speak, and nothing of the write is kept. Otherwise exactly the
+    /// write's own method (`commit_step`, `record_rejection`, `record_action_result`,
+    /// `set_status`, `commit_step_with_board`). Returns the board's new version for a step
+    /// with a board write.
+    async fn write_under_lease(
+        &self,
+        task: &str,
+        token: &str,
+        write: LeasedWrite<'_>,
+    ) -> Result<Option<u64>>;
     /// The current lease of `task`, expired or not.
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>>;
     /// Commits an accepted step written from outside any runner (state written through the

@@ -337,6 +337,7 @@ fn action_result(step: u64) -> ActionResult {
     ActionResult {
         step,
         ok: step % 2 == 1,
+        outcome_unknown: false,
         result: format!("result of step {step}"),
         next_observation: format!("observation {}", step + 1),
         env_checkpoint: Some(json!({"tick": step})),

@@ -126,6 +126,7 @@ async fn crash_child() {
                 let result = ActionResult {
                     step,
                     ok: true,
+                    outcome_unknown: false,
                     result: "stored".into(),
                     next_observation: format!("observation {}", step + 1),
                     env_checkpoint: None,

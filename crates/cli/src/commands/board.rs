@@ -97,7 +97,7 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
                 format!(
                     "  {} at {}: {}",
                     args.schema.display(),
-                    pointer(&d.pointer),
+                    skillstate_core::json::pointer_for_humans(&d.pointer, "schema"),
                     d.message
                 )
             })
@@ -120,7 +120,13 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
         let lines: Vec<String> = violations
             .iter()
             .map(|v| v.render(&reader))
-            .map(|v| format!("  {origin} at {}: {}", pointer(&v.pointer), v.message))
+            .map(|v| {
+                format!(
+                    "  {origin} at {}: {}",
+                    skillstate_core::json::pointer_for_humans(&v.pointer, "state"),
+                    v.message
+                )
+            })
             .collect();
         bail!(
             "the initial state breaks the board schema{}:\n{}",
@@ -147,10 +153,6 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
         board.name
     );
     Ok(ExitCode::SUCCESS)
-}
-
-fn pointer(p: &str) -> &str {
-    if p.is_empty() { "(root)" } else { p }
 }
 
 async fn list(db: &str) -> Result<ExitCode> {

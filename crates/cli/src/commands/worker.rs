@@ -252,9 +252,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<WorkerEvent>) {
                 ..
             } => errln!("task {task} failed ({failure}); retry {tries} queued with backoff"),
             WorkerEvent::Released { task } => errln!("task {task} released (still queued)"),
-            WorkerEvent::LostLease { task } => {
-                errln!("task {task}: another worker took it over; this one stopped")
-            }
+            WorkerEvent::LostLease { message, .. } => errln!("{message}"),
             WorkerEvent::BatchStopped { batch, reason } => {
                 errln!("batch {batch} stopped: {reason}")
             }

@@ -355,9 +355,14 @@ pub fn apply_board(
                 .map(|pointer| Rejection {
                     kind: RejectionKind::ReadOnly,
                     document: Document::State,
-                    message: format!(
-                        "{pointer} of the board is read-only; leave it out of the patch"
-                    ),
+                    message: if pointer.is_empty() {
+                        format!(
+                            "{} is read-only; leave it out of the patch",
+                            crate::json::pointer_for_humans(&pointer, "board")
+                        )
+                    } else {
+                        format!("{pointer} of the board is read-only; leave it out of the patch")
+                    },
                     pointer,
                 })
                 .collect());

@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 use super::pointer::Pointer;
 use super::scope::BoardScope;
 use super::touch::{TouchKind, touches};
+use crate::json::pointer_for_humans;
 use crate::patch::StatePatch;
 use crate::validate::{Document, Rejection, RejectionKind};
 
@@ -128,7 +129,8 @@ fn outside_writes(location: &Pointer, scope: &BoardScope, detail: &str) -> Rejec
         document: Document::State,
         pointer: location.to_string(),
         message: format!(
-            "{location} is outside what this skill may write on the board (writes = {}){detail}; leave it out of state_patch, another writer owns it",
+            "{} is outside what this skill may write on the board (writes = {}){detail}; leave it out of state_patch, another writer owns it",
+            pointer_for_humans(&location.to_string(), "board"),
             list(&scope.writes)
         ),
     }
@@ -140,7 +142,8 @@ fn outside_reads(location: &Pointer, scope: &BoardScope) -> Rejection {
         document: Document::State,
         pointer: location.to_string(),
         message: format!(
-            "{location} is outside what this skill reads on the board (reads = {}); copy from and test only locations the prompt shows",
+            "{} is outside what this skill reads on the board (reads = {}); copy from and test only locations the prompt shows",
+            pointer_for_humans(&location.to_string(), "board"),
             list(&scope.reads)
         ),
     }

@@ -139,7 +139,8 @@ impl Skill {
         let schema = StateSchema::compile(definition.schema.clone()).map_err(|d| {
             format!(
                 "stored state schema is invalid at {}: {}",
-                d.pointer, d.message
+                crate::json::pointer_for_humans(&d.pointer, "schema"),
+                d.message
             )
         })?;
         Ok(Skill { definition, schema })

@@ -94,6 +94,59 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// `Boards::commit_step_with_board` in `tx`, which may have checked something first (a
+    /// lease, with the board's row locked before the task's).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit_step_with_board_in(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        task: &str,
+        expected_task_version: u64,
+        commit: &StepCommit,
+        board: &str,
+        expected_board_version: u64,
+        write: &BoardWrite,
+    ) -> Result<u64> {
+        // Only a member writes the board with a step (membership rows change only by attaching
+        // and by deleting the task or the board, which the locks below exclude or refuse).
+        let attached: Option<String> =
+            sqlx::query_scalar("SELECT board_id FROM board_members WHERE task_id = $1")
+                .bind(task)
+                .fetch_optional(&mut *tx)
+                .await?;
+        match attached {
+            Some(attached) if attached == board => {}
+            Some(attached) => {
+                return Err(StoreError::AttachedElsewhere {
+                    task: task.to_owned(),
+                    board: board.to_owned(),
+                    attached,
+                });
+            }
+            None => {
+                return Err(StoreError::NotAttached {
+                    task: task.to_owned(),
+                    board: board.to_owned(),
+                });
+            }
+        }
+        // Board first, then the task: every transaction that locks both rows locks them in this
+        // order. A refusal returns before the commit; dropping `tx` rolls everything back.
+        let version = write_board(
+            &mut tx,
+            board,
+            expected_board_version,
+            write,
+            self.snapshot_every,
+        )
+        .await?;
+        self.commit_step_in(tx, task, expected_task_version, commit)
+            .await?;
+        Ok(version)
+    }
+}
+
 #[async_trait]
 impl Boards for PostgresStore {
     async fn create_board(&self, board: NewBoard) -> Result<BoardRecord> {
@@ -188,43 +241,17 @@ impl Boards for PostgresStore {
         expected_board_version: u64,
         write: &BoardWrite,
     ) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
-        // Only a member writes the board with a step (membership rows change only by attaching
-        // and by deleting the task or the board, which the locks below exclude or refuse).
-        let attached: Option<String> =
-            sqlx::query_scalar("SELECT board_id FROM board_members WHERE task_id = $1")
-                .bind(task)
-                .fetch_optional(&mut *tx)
-                .await?;
-        match attached {
-            Some(attached) if attached == board => {}
-            Some(attached) => {
-                return Err(StoreError::AttachedElsewhere {
-                    task: task.to_owned(),
-                    board: board.to_owned(),
-                    attached,
-                });
-            }
-            None => {
-                return Err(StoreError::NotAttached {
-                    task: task.to_owned(),
-                    board: board.to_owned(),
-                });
-            }
-        }
-        // Board first, then the task: every transaction that locks both rows locks them in this
-        // order. A refusal returns before the commit; dropping `tx` rolls everything back.
-        let version = write_board(
-            &mut tx,
+        let tx = self.pool.begin().await?;
+        self.commit_step_with_board_in(
+            tx,
+            task,
+            expected_task_version,
+            commit,
             board,
             expected_board_version,
             write,
-            self.snapshot_every,
         )
-        .await?;
-        self.commit_step_in(tx, task, expected_task_version, commit)
-            .await?;
-        Ok(version)
+        .await
     }
 
     async fn board_writes(&self, board: &str, from: u64, to: u64) -> Result<Vec<BoardWriteRecord>> {

@@ -73,7 +73,7 @@ async fn complete_intent(
     let updated = sqlx::query(
         "UPDATE intents SET status = 'done', ok = $1, result = $2, finished_at = $3 WHERE task_id = $4 AND step = $5 AND status = 'pending'",
     )
-    .bind(result.ok)
+    .bind((!result.outcome_unknown).then_some(result.ok))
     .bind(&result.result)
     .bind(now)
     .bind(task)
@@ -219,22 +219,79 @@ impl PostgresStore {
     }
 }
 
+/// `Journal::record_rejection` in `tx`.
+pub(super) async fn record_rejection_in(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    task: &str,
+    entry: &JournalEntry,
+) -> Result<()> {
+    let now = now_millis();
+    let errors = entry.errors.as_ref().map(to_json);
+    let event = rejected_data(entry.step, entry.attempt, errors.as_deref());
+    insert_entry(&mut tx, task, entry).await?;
+    sqlx::query("UPDATE tasks SET updated_at = $1 WHERE id = $2")
+        .bind(now)
+        .bind(task)
+        .execute(&mut *tx)
+        .await?;
+    insert_events(&mut tx, task, vec![("rejected", None, event)], now).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// `Journal::record_action_result` in `tx`.
+pub(super) async fn record_action_result_in(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    task: &str,
+    result: &ActionResult,
+) -> Result<()> {
+    let now = now_millis();
+    complete_intent(&mut tx, task, result, now).await?;
+    insert_events(
+        &mut tx,
+        task,
+        vec![("action", None, action_data(result))],
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// `Journal::set_status` in `tx`.
+pub(super) async fn set_status_in(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    task: &str,
+    status: TaskStatus,
+    outcome: Option<&Value>,
+) -> Result<()> {
+    let now = now_millis();
+    let outcome = outcome.map(to_json);
+    let Some(before) = lock_status(&mut tx, task).await? else {
+        tx.rollback().await?;
+        return Err(StoreError::NotFound(task.to_owned()));
+    };
+    sqlx::query(
+        "UPDATE tasks SET status = $1, outcome = COALESCE($2, outcome), updated_at = $3 WHERE id = $4",
+    )
+    .bind(status.as_str())
+    .bind(&outcome)
+    .bind(now)
+    .bind(task)
+    .execute(&mut *tx)
+    .await?;
+    if let Some(data) = status_data(&before, status, outcome.as_deref()) {
+        insert_events(&mut tx, task, vec![("status", None, data)], now).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 #[async_trait]
 impl Journal for PostgresStore {
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
-        let now = now_millis();
-        let errors = entry.errors.as_ref().map(to_json);
-        let event = rejected_data(entry.step, entry.attempt, errors.as_deref());
-        let mut tx = self.pool.begin().await?;
-        insert_entry(&mut tx, task, entry).await?;
-        sqlx::query("UPDATE tasks SET updated_at = $1 WHERE id = $2")
-            .bind(now)
-            .bind(task)
-            .execute(&mut *tx)
-            .await?;
-        insert_events(&mut tx, task, vec![("rejected", None, event)], now).await?;
-        tx.commit().await?;
-        Ok(())
+        let tx = self.pool.begin().await?;
+        record_rejection_in(tx, task, entry).await
     }
 
     async fn commit_step(
@@ -249,18 +306,8 @@ impl Journal for PostgresStore {
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
-        let now = now_millis();
-        let mut tx = self.pool.begin().await?;
-        complete_intent(&mut tx, task, result, now).await?;
-        insert_events(
-            &mut tx,
-            task,
-            vec![("action", None, action_data(result))],
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let tx = self.pool.begin().await?;
+        record_action_result_in(tx, task, result).await
     }
 
     async fn set_status(
@@ -269,27 +316,8 @@ impl Journal for PostgresStore {
         status: TaskStatus,
         outcome: Option<&Value>,
     ) -> Result<()> {
-        let now = now_millis();
-        let outcome = outcome.map(to_json);
-        let mut tx = self.pool.begin().await?;
-        let Some(before) = lock_status(&mut tx, task).await? else {
-            tx.rollback().await?;
-            return Err(StoreError::NotFound(task.to_owned()));
-        };
-        sqlx::query(
-            "UPDATE tasks SET status = $1, outcome = COALESCE($2, outcome), updated_at = $3 WHERE id = $4",
-        )
-        .bind(status.as_str())
-        .bind(&outcome)
-        .bind(now)
-        .bind(task)
-        .execute(&mut *tx)
-        .await?;
-        if let Some(data) = status_data(&before, status, outcome.as_deref()) {
-            insert_events(&mut tx, task, vec![("status", None, data)], now).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        let tx = self.pool.begin().await?;
+        set_status_in(tx, task, status, outcome).await
     }
 
     async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>> {

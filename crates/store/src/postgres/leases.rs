@@ -5,9 +5,29 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use super::PostgresStore;
+use super::journal::{record_action_result_in, record_rejection_in, set_status_in};
 use crate::model::*;
 use crate::rows::lease_from_row;
-use crate::{Leases, Result, StoreError};
+use crate::{LeasedWrite, Leases, Result, StoreError};
+
+impl PostgresStore {
+    /// `LeaseLost` naming who holds `task`'s lease now and since when (`NotFound` without a
+    /// task).
+    pub(super) async fn lost_lease(&self, task: &str) -> Result<StoreError> {
+        let row = sqlx::query("SELECT lease_holder, lease_acquired_at FROM tasks WHERE id = $1")
+            .bind(task)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            None => StoreError::NotFound(task.to_owned()),
+            Some(row) => crate::fenced::lease_lost(
+                task,
+                row.try_get("lease_holder")?,
+                row.try_get("lease_acquired_at")?,
+            ),
+        })
+    }
+}
 
 #[async_trait]
 impl Leases for PostgresStore {
@@ -58,9 +78,7 @@ impl Leases for PostgresStore {
                 lease: Box::new(lease),
             }),
             // Unreachable with the row locked: a free lease is taken.
-            None => Err(StoreError::LeaseLost {
-                task: task.to_owned(),
-            }),
+            None => Err(crate::fenced::lease_lost(task, None, None)),
         }
     }
 
@@ -74,9 +92,7 @@ impl Leases for PostgresStore {
         .execute(&self.pool)
         .await?;
         if updated.rows_affected() != 1 {
-            return Err(StoreError::LeaseLost {
-                task: task.to_owned(),
-            });
+            return Err(self.lost_lease(task).await?);
         }
         Ok(())
     }
@@ -121,6 +137,78 @@ impl Leases for PostgresStore {
         }
         self.commit_step_in(tx, task, expected_version, commit)
             .await
+    }
+
+    async fn write_under_lease(
+        &self,
+        task: &str,
+        token: &str,
+        write: LeasedWrite<'_>,
+    ) -> Result<Option<u64>> {
+        let mut tx = self.pool.begin().await?;
+        // A step with a board write locks the board's row before the task's, as every
+        // transaction that locks both does.
+        if let LeasedWrite::StepWithBoard { board, .. } = write {
+            sqlx::query("SELECT 1 FROM boards WHERE id = $1 FOR NO KEY UPDATE")
+                .bind(board)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // The task's row stays locked until the write commits: nobody takes the lease over
+        // between this check and the write.
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_acquired_at FROM tasks WHERE id = $1 FOR NO KEY UPDATE",
+        )
+        .bind(task)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        let holder: Option<String> = row.try_get("lease_token")?;
+        if holder.as_deref() != Some(token) {
+            let error = crate::fenced::lease_lost(
+                task,
+                row.try_get("lease_holder")?,
+                row.try_get("lease_acquired_at")?,
+            );
+            tx.rollback().await?;
+            return Err(error);
+        }
+        match write {
+            LeasedWrite::Step {
+                expected_version,
+                commit,
+            } => self
+                .commit_step_in(tx, task, expected_version, commit)
+                .await
+                .map(|()| None),
+            LeasedWrite::Rejection(entry) => {
+                record_rejection_in(tx, task, entry).await.map(|()| None)
+            }
+            LeasedWrite::ActionResult(result) => record_action_result_in(tx, task, result)
+                .await
+                .map(|()| None),
+            LeasedWrite::Status { status, outcome } => set_status_in(tx, task, status, outcome)
+                .await
+                .map(|()| None),
+            LeasedWrite::StepWithBoard {
+                expected_task_version,
+                commit,
+                board,
+                expected_board_version,
+                write,
+            } => self
+                .commit_step_with_board_in(
+                    tx,
+                    task,
+                    expected_task_version,
+                    commit,
+                    board,
+                    expected_board_version,
+                    write,
+                )
+                .await
+                .map(Some),
+        }
     }
 
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {

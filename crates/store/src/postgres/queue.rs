@@ -56,6 +56,68 @@ impl PostgresStore {
     }
 }
 
+/// Writes `tasks` (with their `ids`) queued in `batch`, with their snapshots, opening
+/// observations and `created` events, in `tx`: a few statements, each column one array.
+async fn insert_queued(
+    tx: &mut sqlx::PgConnection,
+    batch: &str,
+    ids: &[String],
+    tasks: &[QueuedTask],
+    now: i64,
+) -> Result<()> {
+    let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
+    sqlx::query(
+            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant) \
+             SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels, u.tenant \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[], $14::text[]) \
+             AS u(id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, state, labels, tenant)",
+        )
+        .bind(ids)
+        .bind(tasks.iter().map(|t| t.task.skill.name.clone()).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| to_json(&t.task.skill)).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| to_json(&t.task.tools)).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.task.context.as_str().to_owned()).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.task.context_budget.map(|b| b as i64)).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.task.model.clone()).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.task.environment.as_ref().map(to_json)).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.task.env_checkpoint.as_ref().map(to_json)).collect::<Vec<_>>())
+        .bind(&states)
+        .bind(now)
+        .bind(batch)
+        .bind(tasks.iter().map(|t| to_json(&t.labels)).collect::<Vec<_>>())
+        .bind(tasks.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+            "INSERT INTO snapshots (task_id, step, state, state_hash) \
+             SELECT u.id, 0, u.state, u.hash FROM UNNEST($1::text[], $2::text[], $3::text[]) AS u(id, state, hash)",
+        )
+        .bind(ids)
+        .bind(&states)
+        .bind(tasks.iter().map(|t| state_hash(&t.initial_state)).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO observations (task_id, step, text) \
+             SELECT u.id, 1, u.text FROM UNNEST($1::text[], $2::text[]) AS u(id, text)",
+    )
+    .bind(ids)
+    .bind(
+        tasks
+            .iter()
+            .map(|t| t.task.opening_observation.clone())
+            .collect::<Vec<_>>(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(CREATED_EVENTS)
+        .bind(ids)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 #[async_trait]
 impl Queue for PostgresStore {
     async fn create_batch(&self, batch: &NewBatch) -> Result<BatchRecord> {
@@ -94,59 +156,56 @@ impl Queue for PostgresStore {
             return Err(StoreError::NoSuchBatch(batch.to_owned()));
         }
         for (ids, tasks) in ids.chunks(ENQUEUE_CHUNK).zip(tasks.chunks(ENQUEUE_CHUNK)) {
-            let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
-            sqlx::query(
-                "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant) \
-                 SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels, u.tenant \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[], $14::text[]) \
-                 AS u(id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, state, labels, tenant)",
-            )
-            .bind(ids)
-            .bind(tasks.iter().map(|t| t.task.skill.name.clone()).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| to_json(&t.task.skill)).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| to_json(&t.task.tools)).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| t.task.context.as_str().to_owned()).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| t.task.context_budget.map(|b| b as i64)).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| t.task.model.clone()).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| t.task.environment.as_ref().map(to_json)).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| t.task.env_checkpoint.as_ref().map(to_json)).collect::<Vec<_>>())
-            .bind(&states)
-            .bind(now)
-            .bind(batch)
-            .bind(tasks.iter().map(|t| to_json(&t.labels)).collect::<Vec<_>>())
-            .bind(tasks.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO snapshots (task_id, step, state, state_hash) \
-                 SELECT u.id, 0, u.state, u.hash FROM UNNEST($1::text[], $2::text[], $3::text[]) AS u(id, state, hash)",
-            )
-            .bind(ids)
-            .bind(&states)
-            .bind(tasks.iter().map(|t| state_hash(&t.initial_state)).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO observations (task_id, step, text) \
-                 SELECT u.id, 1, u.text FROM UNNEST($1::text[], $2::text[]) AS u(id, text)",
-            )
-            .bind(ids)
-            .bind(
-                tasks
-                    .iter()
-                    .map(|t| t.task.opening_observation.clone())
-                    .collect::<Vec<_>>(),
-            )
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(CREATED_EVENTS)
-                .bind(ids)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            insert_queued(&mut tx, batch, ids, tasks, now).await?;
         }
         tx.commit().await?;
         Ok(ids)
+    }
+
+    async fn submit_batch(
+        &self,
+        batch: &NewBatch,
+        tasks: TaskFeed<'_>,
+    ) -> Result<(BatchRecord, Vec<String>)> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        // One transaction: dropped on any early return (an error, the feed's or a statement's),
+        // it rolls back, and a process that dies leaves nothing committed.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO batches (id, name, spec, on_error, max_retry, requests_per_minute, tokens_per_minute, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'open', $8)",
+        )
+        .bind(&id)
+        .bind(&batch.name)
+        .bind(to_json(&batch.spec))
+        .bind(on_error_str(batch.on_error))
+        .bind(i64::from(batch.max_retry))
+        .bind(batch.rate_limit.requests_per_minute.map(i64::from))
+        .bind(batch.rate_limit.tokens_per_minute.map(|n| n.min(i64::MAX as u64) as i64))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let mut all = Vec::new();
+        loop {
+            let mut chunk = Vec::with_capacity(SUBMIT_CHUNK);
+            for task in (&mut *tasks).take(SUBMIT_CHUNK) {
+                chunk.push(task.map_err(StoreError::Feed)?);
+            }
+            if chunk.is_empty() {
+                break;
+            }
+            let ids: Vec<String> = chunk
+                .iter()
+                .map(|_| uuid::Uuid::now_v7().to_string())
+                .collect();
+            insert_queued(&mut tx, &id, &ids, &chunk, now).await?;
+            all.extend(ids);
+            if chunk.len() < SUBMIT_CHUNK {
+                break;
+            }
+        }
+        tx.commit().await?;
+        Ok((self.batch(&id).await?, all))
     }
 
     async fn batch(&self, id_or_prefix: &str) -> Result<BatchRecord> {
@@ -264,9 +323,7 @@ impl Queue for PostgresStore {
         if found.is_none() {
             return Err(StoreError::NotFound(task.to_owned()));
         }
-        Err(StoreError::LeaseLost {
-            task: task.to_owned(),
-        })
+        Err(self.lost_lease(task).await?)
     }
 
     async fn stop_batch(&self, batch: &str, reason: &str) -> Result<()> {

@@ -77,8 +77,11 @@ pub(super) async fn batch_tasks(store: &PostgresStore, batch: &str) -> Result<Ve
     }
 
     let rows = sqlx::query(
-        "SELECT i.task_id, COUNT(*) AS errors FROM intents i JOIN tasks t ON t.id = i.task_id \
-         WHERE t.batch_id = $1 AND i.status = 'done' AND i.ok = false GROUP BY i.task_id",
+        "SELECT i.task_id, \
+         COUNT(*) FILTER (WHERE i.ok = false) AS errors, \
+         COUNT(*) FILTER (WHERE i.ok IS NULL) AS unknown \
+         FROM intents i JOIN tasks t ON t.id = i.task_id \
+         WHERE t.batch_id = $1 AND i.status = 'done' AND (i.ok = false OR i.ok IS NULL) GROUP BY i.task_id",
     )
     .bind(&batch)
     .fetch_all(store.pool())
@@ -87,6 +90,7 @@ pub(super) async fn batch_tasks(store: &PostgresStore, batch: &str) -> Result<Ve
         let id: String = row.try_get("task_id")?;
         if let Some(&i) = index.get(&id) {
             tasks[i].tool_errors = row.try_get::<i64, _>("errors")?.max(0) as u64;
+            tasks[i].outcome_unknown = row.try_get::<i64, _>("unknown")?.max(0) as u64;
         }
     }
     Ok(tasks)

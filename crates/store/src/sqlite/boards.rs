@@ -22,7 +22,7 @@ use crate::traits::Tasks;
 use crate::{Result, StoreError, now_millis};
 
 impl SqliteStore {
-    fn board_write_op(
+    pub(super) fn board_write_op(
         &self,
         board: &str,
         expected_version: u64,

@@ -8,12 +8,14 @@ use sqlx::Connection;
 
 use super::SqliteStore;
 use super::ops::Write;
+use super::ops_boards::StepWithBoard;
+use super::ops_fenced::Fenced;
 use super::ops_queue::{Release, Renew};
 use super::ops_state::UnleasedStep;
-use super::ops_steps::Step;
+use super::ops_steps::{ActionDone, Rejection, Status, Step};
 use crate::model::*;
-use crate::rows::lease_from_row;
-use crate::{Leases, Result, StoreError, now_millis};
+use crate::rows::{lease_from_row, to_json};
+use crate::{LeasedWrite, Leases, Result, StoreError, now_millis};
 
 const LEASE_OF_TASK: &str = "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = ?";
 
@@ -62,9 +64,7 @@ impl Leases for SqliteStore {
                 lease: Box::new(lease),
             }),
             // Unreachable inside the transaction: a free lease is taken.
-            None => Err(StoreError::LeaseLost {
-                task: task.to_owned(),
-            }),
+            None => Err(crate::fenced::lease_lost(task, None, None)),
         }
     }
 
@@ -98,6 +98,71 @@ impl Leases for SqliteStore {
             now,
         }))
         .await
+    }
+
+    async fn write_under_lease(
+        &self,
+        task: &str,
+        token: &str,
+        write: LeasedWrite<'_>,
+    ) -> Result<Option<u64>> {
+        let now = now_millis();
+        let (inner, board_version) = match write {
+            LeasedWrite::Step {
+                expected_version,
+                commit,
+            } => (
+                Write::Step(Step::new(
+                    task,
+                    expected_version,
+                    commit,
+                    self.snapshot_every,
+                    now,
+                )),
+                None,
+            ),
+            LeasedWrite::Rejection(entry) => {
+                (Write::Rejection(Rejection::new(task, entry, now)), None)
+            }
+            LeasedWrite::ActionResult(result) => {
+                (Write::ActionDone(ActionDone::new(task, result, now)), None)
+            }
+            LeasedWrite::Status { status, outcome } => (
+                Write::Status(Status {
+                    task: task.to_owned(),
+                    status,
+                    outcome: outcome.map(to_json),
+                    now,
+                }),
+                None,
+            ),
+            LeasedWrite::StepWithBoard {
+                expected_task_version,
+                commit,
+                board,
+                expected_board_version,
+                write,
+            } => (
+                Write::StepWithBoard(StepWithBoard {
+                    board: self.board_write_op(board, expected_board_version, write),
+                    step: Step::new(
+                        task,
+                        expected_task_version,
+                        commit,
+                        self.snapshot_every,
+                        now,
+                    ),
+                }),
+                Some(expected_board_version + 1),
+            ),
+        };
+        self.write_done(Write::Fenced(Fenced {
+            task: task.to_owned(),
+            token: token.to_owned(),
+            write: Box::new(inner),
+        }))
+        .await?;
+        Ok(board_version)
     }
 
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {

@@ -9,10 +9,12 @@
 use rusqlite::Connection;
 
 use super::ops_boards::{Attach, BoardWriteOp, DeleteBoard, NewBoardWrite, StepWithBoard};
+use super::ops_fenced::Fenced;
 use super::ops_keys::{NewKey, RevokeKey};
 use super::ops_queue::{Claim, Rate, RateTokens, Release, Renew, Settle};
 use super::ops_state::UnleasedStep;
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
+use super::ops_submit::SubmitBatch;
 use super::ops_tasks::{NewTasks, OwnedTask};
 use crate::StoreError;
 use crate::queue::{Claimed, RateDecision};
@@ -41,6 +43,9 @@ pub(super) enum Write {
     StepWithBoard(StepWithBoard),
     Attach(Attach),
     DeleteBoard(DeleteBoard),
+    /// A runner's write under its lease, checked first in the same savepoint.
+    Fenced(Fenced),
+    SubmitBatch(SubmitBatch),
 }
 
 /// What a write answers besides success.
@@ -94,7 +99,24 @@ impl Write {
         if let Err(error) = run_cached(conn, "SAVEPOINT one") {
             return Applied::Broken(Failure::Sql(error));
         }
-        let result = match self {
+        let result = self.run(conn);
+        let end = match result {
+            Ok(_) => run_cached(conn, "RELEASE one"),
+            Err(_) => {
+                run_cached(conn, "ROLLBACK TO one").and_then(|()| run_cached(conn, "RELEASE one"))
+            }
+        };
+        match (end, result) {
+            (Ok(()), result) if !conn.is_autocommit() => Applied::Done(result),
+            (_, Err(failure)) => Applied::Broken(failure),
+            (Err(error), Ok(_)) => Applied::Broken(Failure::Sql(error)),
+            (Ok(()), Ok(_)) => Applied::Broken(Failure::TransactionLost),
+        }
+    }
+
+    /// The write's statements, in the caller's savepoint.
+    pub(super) fn run(&self, conn: &Connection) -> std::result::Result<Reply, Failure> {
+        match self {
             Write::NewTasks(write) => write.run(conn).map(|()| Reply::Done),
             Write::OwnedTask(write) => write
                 .run(conn)
@@ -117,18 +139,8 @@ impl Write {
             Write::StepWithBoard(write) => write.run(conn).map(|()| Reply::Done),
             Write::Attach(write) => write.run(conn).map(|()| Reply::Done),
             Write::DeleteBoard(write) => write.run(conn).map(|()| Reply::Done),
-        };
-        let end = match result {
-            Ok(_) => run_cached(conn, "RELEASE one"),
-            Err(_) => {
-                run_cached(conn, "ROLLBACK TO one").and_then(|()| run_cached(conn, "RELEASE one"))
-            }
-        };
-        match (end, result) {
-            (Ok(()), result) if !conn.is_autocommit() => Applied::Done(result),
-            (_, Err(failure)) => Applied::Broken(failure),
-            (Err(error), Ok(_)) => Applied::Broken(Failure::Sql(error)),
-            (Ok(()), Ok(_)) => Applied::Broken(Failure::TransactionLost),
+            Write::Fenced(write) => write.run(conn),
+            Write::SubmitBatch(write) => write.run(conn).map(|()| Reply::Done),
         }
     }
 }

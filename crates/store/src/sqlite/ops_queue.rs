@@ -30,10 +30,7 @@ impl Renew {
             )?
             .execute(params![self.expires_at, self.task, self.token])?;
         if renewed != 1 {
-            return Err(StoreError::LeaseLost {
-                task: self.task.clone(),
-            }
-            .into());
+            return Err(lost_lease(conn, &self.task)?.into());
         }
         Ok(())
     }
@@ -92,12 +89,22 @@ impl Settle {
             .optional()?;
         Err(match found {
             None => StoreError::NotFound(self.task.clone()),
-            Some(_) => StoreError::LeaseLost {
-                task: self.task.clone(),
-            },
+            Some(_) => lost_lease(conn, &self.task)?,
         }
         .into())
     }
+}
+
+/// `LeaseLost` naming who holds `task`'s lease now and since when (`NotFound` without a task).
+pub(super) fn lost_lease(conn: &Connection, task: &str) -> rusqlite::Result<StoreError> {
+    let row: Option<(Option<String>, Option<i64>)> = conn
+        .prepare_cached("SELECT lease_holder, lease_acquired_at FROM tasks WHERE id = ?")?
+        .query_row([task], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    Ok(match row {
+        None => StoreError::NotFound(task.to_owned()),
+        Some((holder, since)) => crate::fenced::lease_lost(task, holder, since),
+    })
 }
 
 /// Takes the lease of the oldest claimable task.

@@ -304,7 +304,7 @@ impl ActionDone {
                 "UPDATE intents SET status = 'done', ok = ?, result = ?, finished_at = ? WHERE task_id = ? AND step = ? AND status = 'pending'",
             )?
             .execute(params![
-                result.ok,
+                (!result.outcome_unknown).then_some(result.ok),
                 result.result,
                 self.now,
                 self.task,

@@ -117,7 +117,7 @@ impl NewTasks {
 
 /// Writes `rows` (queued in `batch` when given) with their skills and tools (`task_specs`),
 /// snapshots, opening observations and `created` events.
-fn insert_tasks(
+pub(super) fn insert_tasks(
     conn: &Connection,
     rows: &[TaskRow],
     batch: Option<&str>,

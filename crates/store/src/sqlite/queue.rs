@@ -8,6 +8,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use super::SqliteStore;
 use super::ops::{Reply, Write};
 use super::ops_queue::{Claim, Rate, RateTokens, Settle as SettleWrite};
+use super::ops_submit::{Chunk, SubmitBatch};
 use super::ops_tasks::{NewTasks, TaskRow};
 use crate::model::*;
 use crate::queue::*;
@@ -87,6 +88,66 @@ impl Queue for SqliteStore {
         }))
         .await?;
         Ok(ids)
+    }
+
+    async fn submit_batch(
+        &self,
+        batch: &NewBatch,
+        tasks: TaskFeed<'_>,
+    ) -> Result<(BatchRecord, Vec<String>)> {
+        let id = uuid::Uuid::now_v7().to_string();
+        // Two chunks wait at most: the feed is read as fast as the writer writes.
+        let (sender, receiver) = tokio::sync::mpsc::channel(2);
+        let write = Write::SubmitBatch(SubmitBatch {
+            id: id.clone(),
+            name: batch.name.clone(),
+            spec: to_json(&batch.spec),
+            on_error: on_error_str(batch.on_error),
+            max_retry: i64::from(batch.max_retry),
+            requests_per_minute: batch.rate_limit.requests_per_minute.map(i64::from),
+            tokens_per_minute: batch
+                .rate_limit
+                .tokens_per_minute
+                .map(|n| n.min(i64::MAX as u64) as i64),
+            now: now_millis(),
+            chunks: std::sync::Mutex::new(receiver),
+        });
+        let feed = async move {
+            let mut ids = Vec::new();
+            loop {
+                let mut rows = Vec::with_capacity(SUBMIT_CHUNK);
+                let mut failed = None;
+                for task in (&mut *tasks).take(SUBMIT_CHUNK) {
+                    match task {
+                        Ok(t) => rows.push(
+                            TaskRow::new(&t.task, &t.initial_state, Some(&t.labels))
+                                .of_tenant(t.tenant),
+                        ),
+                        Err(message) => {
+                            failed = Some(message);
+                            break;
+                        }
+                    }
+                }
+                let last = rows.len() < SUBMIT_CHUNK;
+                ids.extend(rows.iter().map(|row| row.id.clone()));
+                // A send fails only when the writer gave up: its error is the answer.
+                if !rows.is_empty() && sender.send(Chunk::Rows(rows)).await.is_err() {
+                    return ids;
+                }
+                if let Some(message) = failed {
+                    let _ = sender.send(Chunk::Failed(message)).await;
+                    return ids;
+                }
+                if last {
+                    let _ = sender.send(Chunk::End).await;
+                    return ids;
+                }
+            }
+        };
+        let (written, ids) = tokio::join!(self.write_done(write), feed);
+        written?;
+        Ok((self.batch(&id).await?, ids))
     }
 
     async fn batch(&self, id_or_prefix: &str) -> Result<BatchRecord> {

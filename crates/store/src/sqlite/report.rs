@@ -69,8 +69,11 @@ pub(super) async fn batch_tasks(store: &SqliteStore, batch: &str) -> Result<Vec<
     }
 
     let rows = sqlx::query(
-        "SELECT i.task_id, COUNT(*) AS errors FROM intents i JOIN tasks t ON t.id = i.task_id \
-         WHERE t.batch_id = ? AND i.status = 'done' AND i.ok = 0 GROUP BY i.task_id",
+        "SELECT i.task_id, \
+         SUM(CASE WHEN i.ok = 0 THEN 1 ELSE 0 END) AS errors, \
+         SUM(CASE WHEN i.ok IS NULL THEN 1 ELSE 0 END) AS unknown \
+         FROM intents i JOIN tasks t ON t.id = i.task_id \
+         WHERE t.batch_id = ? AND i.status = 'done' AND (i.ok = 0 OR i.ok IS NULL) GROUP BY i.task_id",
     )
     .bind(&batch)
     .fetch_all(store.pool())
@@ -79,6 +82,7 @@ pub(super) async fn batch_tasks(store: &SqliteStore, batch: &str) -> Result<Vec<
         let id: String = row.try_get("task_id")?;
         if let Some(&i) = index.get(&id) {
             tasks[i].tool_errors = row.try_get::<i64, _>("errors")?.max(0) as u64;
+            tasks[i].outcome_unknown = row.try_get::<i64, _>("unknown")?.max(0) as u64;
         }
     }
     Ok(tasks)

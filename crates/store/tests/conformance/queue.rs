@@ -556,6 +556,49 @@ async fn batch_tasks_sum_each_tasks_journal() -> anyhow::Result<()> {
     .await
 }
 
+/// An action whose outcome is unknown after a crash is stored with `ok` NULL and counted as
+/// its own figure, not as a tool error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_counted_apart_from_tool_errors() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let batch = store
+            .create_batch(&new_batch("unknown", OnError::SkipAndLog, 0))
+            .await?;
+        let ids = store
+            .enqueue_tasks(&batch.id, (0..1).map(queued).collect())
+            .await?;
+        let task = &ids[0];
+        let first = step_commit(1, &json!({"n": 0}), json!({"a": 1}), true);
+        store.commit_step(task, 0, &first).await?;
+        let unknown = ActionResult {
+            ok: false,
+            outcome_unknown: true,
+            ..action_result(1)
+        };
+        store.record_action_result(task, &unknown).await?;
+        let second = step_commit(2, &first.new_state, json!({"b": 2}), true);
+        store.commit_step(task, 1, &second).await?;
+        store
+            .record_action_result(
+                task,
+                &ActionResult {
+                    ok: false,
+                    ..action_result(2)
+                },
+            )
+            .await?;
+
+        let row = &store.batch_tasks(&batch.id).await?[0];
+        assert_eq!((row.tool_errors, row.outcome_unknown), (1, 1));
+        let intents = store.intents(task).await?;
+        assert_eq!((intents[0].done, intents[0].ok), (true, None));
+        assert_eq!((intents[1].done, intents[1].ok), (true, Some(false)));
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rate_windows_never_grant_more_than_the_limit() -> anyhow::Result<()> {
     on_each_backend(|db| async move {

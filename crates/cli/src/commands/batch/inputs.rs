@@ -2,6 +2,7 @@
 //! `.jsonl` file (one task per line: input, initial state, labels, environment parameters,
 //! limits). Errors name the file and line.
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -60,12 +61,25 @@ struct Limits {
     max_retries: Option<i128>,
 }
 
-/// Reads every task of `path`.
+/// Reads every task of `path` at once (see [`stream_inputs`]).
+#[cfg(test)]
 pub fn read_inputs(path: &Path) -> Result<Vec<TaskInput>> {
-    let inputs = if path.is_dir() {
-        read_directory(path)?
+    stream_inputs(path)?.collect()
+}
+
+/// The tasks of `path`, one at a time: a `.jsonl` file is read line by line and an input
+/// directory file by file, so a batch of any size is read in bounded memory. An input with no
+/// task at all ends with an error naming it.
+pub fn stream_inputs(path: &Path) -> Result<Inputs> {
+    let source = if path.is_dir() {
+        Feed::Directory(list_directory(path)?.into_iter())
     } else if path.extension().is_some_and(|e| e == "jsonl") {
-        read_jsonl(path)?
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("inputs: cannot read {}", path.display()))?;
+        Feed::Jsonl {
+            lines: std::io::BufReader::new(file).lines(),
+            number: 0,
+        }
     } else if !path.exists() {
         bail!(
             "inputs: {} does not exist; give a directory (one task per file) or a .jsonl file (one task per line)",
@@ -77,14 +91,83 @@ pub fn read_inputs(path: &Path) -> Result<Vec<TaskInput>> {
             path.display()
         );
     };
-    if inputs.is_empty() {
-        bail!("inputs: {} holds no tasks", path.display());
+    Ok(Inputs {
+        path: path.to_owned(),
+        feed: source,
+        seen: 0,
+        done: false,
+    })
+}
+
+/// The tasks of an input, in order (see [`stream_inputs`]).
+pub struct Inputs {
+    path: PathBuf,
+    feed: Feed,
+    seen: usize,
+    done: bool,
+}
+
+enum Feed {
+    Directory(std::vec::IntoIter<(String, PathBuf)>),
+    Jsonl {
+        lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+        number: usize,
+    },
+}
+
+impl Iterator for Inputs {
+    type Item = Result<TaskInput>;
+
+    fn next(&mut self) -> Option<Result<TaskInput>> {
+        if self.done {
+            return None;
+        }
+        let next = match &mut self.feed {
+            Feed::Directory(files) => files.next().map(|(name, path)| read_file(name, &path)),
+            Feed::Jsonl { lines, number } => loop {
+                let Some(raw) = lines.next() else {
+                    break None;
+                };
+                *number += 1;
+                let raw = match raw {
+                    Ok(raw) => raw,
+                    Err(error) => {
+                        break Some(Err(anyhow::anyhow!(
+                            "inputs: cannot read {} at line {number}: {error}",
+                            self.path.display()
+                        )));
+                    }
+                };
+                if raw.trim().is_empty() {
+                    continue;
+                }
+                break Some(parse_line(&self.path, *number, &raw));
+            },
+        };
+        match next {
+            Some(Ok(input)) => {
+                self.seen += 1;
+                Some(Ok(input))
+            }
+            Some(Err(error)) => {
+                self.done = true;
+                Some(Err(error))
+            }
+            None => {
+                self.done = true;
+                (self.seen == 0).then(|| {
+                    Err(anyhow::anyhow!(
+                        "inputs: {} holds no tasks",
+                        self.path.display()
+                    ))
+                })
+            }
+        }
     }
-    Ok(inputs)
 }
 
 /// Regular files in name order; hidden files (`.name`) are skipped.
-fn read_directory(dir: &Path) -> Result<Vec<TaskInput>> {
+fn list_directory(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut files: Vec<(String, PathBuf)> = Vec::new();
     for entry in
         std::fs::read_dir(dir).with_context(|| format!("inputs: cannot list {}", dir.display()))?
@@ -97,85 +180,77 @@ fn read_directory(dir: &Path) -> Result<Vec<TaskInput>> {
         files.push((name, entry.path()));
     }
     files.sort();
-    let mut inputs = Vec::with_capacity(files.len());
-    for (name, path) in files {
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "inputs: cannot read {} as UTF-8 text (each file's text is one task's input)",
-                path.display()
-            )
-        })?;
-        let mut labels = Map::new();
-        labels.insert("file".into(), Value::String(name.clone()));
-        inputs.push(TaskInput {
-            source: Source::File(name),
-            at: path.display().to_string(),
-            input: Some(text),
-            state: None,
-            labels,
-            environment: Map::new(),
-            max_steps: None,
-            max_retries: None,
-        });
-    }
-    Ok(inputs)
+    Ok(files)
 }
 
-fn read_jsonl(path: &Path) -> Result<Vec<TaskInput>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("inputs: cannot read {}", path.display()))?;
-    let mut inputs = Vec::new();
-    for (index, raw) in text.lines().enumerate() {
-        if raw.trim().is_empty() {
-            continue;
+/// One file of an input directory: its text is the task's input.
+fn read_file(name: String, path: &Path) -> Result<TaskInput> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "inputs: cannot read {} as UTF-8 text (each file's text is one task's input)",
+            path.display()
+        )
+    })?;
+    let mut labels = Map::new();
+    labels.insert("file".into(), Value::String(name.clone()));
+    Ok(TaskInput {
+        source: Source::File(name),
+        at: path.display().to_string(),
+        input: Some(text),
+        state: None,
+        labels,
+        environment: Map::new(),
+        max_steps: None,
+        max_retries: None,
+    })
+}
+
+/// Line `number` (`raw`, not blank) of the `.jsonl` file at `path`.
+fn parse_line(path: &Path, number: usize, raw: &str) -> Result<TaskInput> {
+    let at = format!("{}:{number}", path.display());
+    let line: Line = serde_json::from_str(raw).map_err(|e| {
+        let message = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        anyhow::anyhow!(
+            "{at}: {} (each line is one JSON object with any of: input, state, labels, environment, limits)",
+            message.strip_suffix(&suffix).unwrap_or(&message)
+        )
+    })?;
+    let mut labels = Map::new();
+    labels.insert("line".into(), Value::from(number));
+    for (key, value) in line.labels.unwrap_or_default() {
+        if key == "line" {
+            bail!("{at}: labels.line is set by skillstate (the line number); use another name");
         }
-        let number = index + 1;
-        let at = format!("{}:{number}", path.display());
-        let line: Line = serde_json::from_str(raw).map_err(|e| {
-            let message = e.to_string();
-            let suffix = format!(" at line {} column {}", e.line(), e.column());
-            anyhow::anyhow!(
-                "{at}: {} (each line is one JSON object with any of: input, state, labels, environment, limits)",
-                message.strip_suffix(&suffix).unwrap_or(&message)
-            )
-        })?;
-        let mut labels = Map::new();
-        labels.insert("line".into(), Value::from(number));
-        for (key, value) in line.labels.unwrap_or_default() {
-            if key == "line" {
-                bail!("{at}: labels.line is set by skillstate (the line number); use another name");
-            }
-            labels.insert(key, value);
-        }
-        if let Some(state) = &line.state
-            && !state.is_object()
-        {
-            bail!("{at}: state must be a JSON object (the task's initial state)");
-        }
-        let limits = line.limits.unwrap_or(Limits {
-            max_steps: None,
-            max_retries: None,
-        });
-        let ranged = |key: &str, value: Option<i128>, min: u64, max: u64| {
-            value
-                .map(|v| in_range(key, v, min, max).map(|n| n as u32))
-                .transpose()
-                .map_err(|message| anyhow::anyhow!("{at}: {message}"))
-        };
-        let max_steps = ranged("limits.max_steps", limits.max_steps, 1, 100_000_000)?;
-        let max_retries = ranged("limits.max_retries", limits.max_retries, 0, 100)?;
-        inputs.push(TaskInput {
-            source: Source::Line(number),
-            at,
-            input: line.input,
-            state: line.state,
-            labels,
-            environment: line.environment.unwrap_or_default(),
-            max_steps,
-            max_retries,
-        });
+        labels.insert(key, value);
     }
-    Ok(inputs)
+    if let Some(state) = &line.state
+        && !state.is_object()
+    {
+        bail!("{at}: state must be a JSON object (the task's initial state)");
+    }
+    let limits = line.limits.unwrap_or(Limits {
+        max_steps: None,
+        max_retries: None,
+    });
+    let ranged = |key: &str, value: Option<i128>, min: u64, max: u64| {
+        value
+            .map(|v| in_range(key, v, min, max).map(|n| n as u32))
+            .transpose()
+            .map_err(|message| anyhow::anyhow!("{at}: {message}"))
+    };
+    let max_steps = ranged("limits.max_steps", limits.max_steps, 1, 100_000_000)?;
+    let max_retries = ranged("limits.max_retries", limits.max_retries, 0, 100)?;
+    Ok(TaskInput {
+        source: Source::Line(number),
+        at,
+        input: line.input,
+        state: line.state,
+        labels,
+        environment: line.environment.unwrap_or_default(),
+        max_steps,
+        max_retries,
+    })
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ pub async fn write(dir: &Path, store: &dyn Store, report: &Report) -> Result<Pat
             "rejected_answers": row.rejected_answers,
             "tool_call_rejections": row.tool_call_rejections,
             "tool_errors": row.tool_errors,
+            "outcome_unknown": row.outcome_unknown,
             "duration_ms": row.duration_ms,
             "cost_usd": row.cost_usd,
         });
@@ -107,6 +108,7 @@ mod tests {
             rejected_answers: 0,
             tool_call_rejections: 0,
             tool_errors: 0,
+            outcome_unknown: 0,
             duration_ms: None,
             cost_usd: None,
             failure: None,

@@ -112,6 +112,13 @@ fn metric_lines(report: &Report) -> Vec<(&'static str, String)> {
                 m.tool_errors
             ),
         ),
+        (
+            "outcome unknown",
+            format!(
+                "{} (actions whose outcome a crash left unknown; not counted as tool errors)",
+                m.outcome_unknown
+            ),
+        ),
         ("avg tokens per task", number(m.avg_tokens_per_task, 0)),
         (
             "avg duration per task",
@@ -278,7 +285,7 @@ fn csv_field(text: &str) -> String {
     }
 }
 
-pub const CSV_HEADER: &str = "task,labels,status,steps,tries,tokens,prompt_tokens,input_tokens,output_tokens,answers,rejected_answers,tool_call_rejections,tool_errors,duration_ms,cost_usd,failure";
+pub const CSV_HEADER: &str = "task,labels,status,steps,tries,tokens,prompt_tokens,input_tokens,output_tokens,answers,rejected_answers,tool_call_rejections,tool_errors,outcome_unknown,duration_ms,cost_usd,failure";
 
 fn csv_row(row: &TaskRow) -> String {
     [
@@ -295,6 +302,7 @@ fn csv_row(row: &TaskRow) -> String {
         row.rejected_answers.to_string(),
         row.tool_call_rejections.to_string(),
         row.tool_errors.to_string(),
+        row.outcome_unknown.to_string(),
         row.duration_ms.map(|d| d.to_string()).unwrap_or_default(),
         row.cost_usd.map(|c| format!("{c:.6}")).unwrap_or_default(),
         row.failure.clone().unwrap_or_default(),
@@ -337,6 +345,76 @@ mod tests {
         assert_eq!(duration(12_340), "12.3s");
         assert_eq!(duration(245_000), "4m 05s");
         assert_eq!(duration(7_380_000), "2h 03m");
+    }
+
+    /// A finished batch: 10 answers, 2 tool-call rejections, 1 tool error, 3 actions whose
+    /// outcome a crash left unknown.
+    fn report_with_unknown_outcomes() -> Report {
+        let task = |id: &str, tool_errors: u64, outcome_unknown: u64| skillstate_store::BatchTask {
+            id: id.into(),
+            status: Some(skillstate_store::TaskStatus::Completed),
+            queue: Some(skillstate_store::QueueState::Done),
+            tries: 0,
+            labels: serde_json::json!({}),
+            version: 5,
+            outcome: None,
+            failure: None,
+            accepted: 5,
+            rejected: 0,
+            tool_call_rejections: 1,
+            tool_errors,
+            outcome_unknown,
+            prompt_tokens: 100,
+            input_tokens: 0,
+            output_tokens: 0,
+            created_at: 0,
+            started_at: Some(0),
+            updated_at: 10,
+            leased: false,
+        };
+        let batch = skillstate_store::BatchRecord {
+            id: "b".into(),
+            name: "b".into(),
+            spec: serde_json::json!({}),
+            on_error: skillstate_store::OnError::SkipAndLog,
+            max_retry: 0,
+            rate_limit: skillstate_store::RateLimit::default(),
+            state: skillstate_store::BatchState::Open,
+            stop_reason: None,
+            created_at: 0,
+        };
+        Report::build(
+            batch,
+            &[task("t1", 1, 2), task("t2", 0, 1)],
+            None,
+            None,
+            None,
+            20,
+        )
+    }
+
+    #[test]
+    fn unknown_outcomes_are_shown_apart_from_the_invalid_tool_call_rate() {
+        let report = report_with_unknown_outcomes();
+        for text in [status(&report), markdown(&report)] {
+            assert!(
+                text.contains("30.0% (2 unknown tool or invalid arguments, 1 tool errors)"),
+                "{text}"
+            );
+            assert!(text.contains("outcome unknown"), "{text}");
+            assert!(
+                text.contains("3 (actions whose outcome a crash left unknown"),
+                "{text}"
+            );
+        }
+        let csv = csv(&report);
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        let column = header.iter().position(|h| *h == "outcome_unknown");
+        let first: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        let errors = header.iter().position(|h| *h == "tool_errors");
+        assert_eq!(column.map(|c| first[c]), Some("2"), "{csv}");
+        assert_eq!(errors.map(|c| first[c]), Some("1"), "{csv}");
     }
 
     #[test]

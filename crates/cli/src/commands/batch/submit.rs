@@ -1,15 +1,20 @@
 //! Submitting a batch: every input becomes a task (checked against the skill first, so a bad
-//! line is refused before anything is stored), then the batch and its tasks are queued.
+//! line is refused before anything is stored), spooled to a temporary file; then the batch and
+//! its tasks are queued in one transaction, read back from the spool a chunk at a time.
+//! Memory stays bounded whatever the number of tasks.
+
+use std::io::{BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
 
 use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use skillstate_core::Skill;
 use skillstate_core::skill::EnvironmentSettings;
+use skillstate_core::{ContextStrategy, Skill, SkillDefinition, ToolSpec};
 use skillstate_runtime::{TaskOptions, prepare_task};
-use skillstate_store::{BatchRecord, NewBatch, QueuedTask, Store};
+use skillstate_store::{BatchRecord, NewBatch, NewTask, QueuedTask, Store};
 use skillstate_tools::UserRequest;
 
-use super::inputs::{TaskInput, read_inputs};
+use super::inputs::{TaskInput, stream_inputs};
 use super::spec::BatchSpec;
 use crate::commands::load_skill;
 use crate::config::Config;
@@ -22,30 +27,134 @@ pub struct Submitted {
     pub tasks: Vec<String>,
 }
 
-/// Every task of a batch file, checked and built, not stored yet.
+/// Every task of a batch file, checked and built, not stored yet: spooled, one JSON line per
+/// task, to a temporary file that no path names (it goes away with the process), so a batch
+/// of any size is held in bounded memory.
 pub struct Prepared {
     batch: NewBatch,
-    tasks: Vec<QueuedTask>,
+    spool: std::fs::File,
+    tenant: Option<String>,
+}
+
+/// One prepared task as the spool keeps it.
+#[derive(Serialize, Deserialize)]
+struct Spooled {
+    skill: SkillDefinition,
+    tools: Vec<ToolSpec>,
+    context: ContextStrategy,
+    context_budget: Option<usize>,
+    model: String,
+    environment: Option<Value>,
+    env_checkpoint: Option<Value>,
+    opening_observation: String,
+    initial_state: Value,
+    labels: Value,
+}
+
+impl Spooled {
+    fn of(task: QueuedTask) -> Self {
+        let NewTask {
+            skill,
+            tools,
+            context,
+            context_budget,
+            model,
+            environment,
+            env_checkpoint,
+            opening_observation,
+        } = task.task;
+        Self {
+            skill,
+            tools,
+            context,
+            context_budget,
+            model,
+            environment,
+            env_checkpoint,
+            opening_observation,
+            initial_state: task.initial_state,
+            labels: task.labels,
+        }
+    }
+
+    fn queued(self, tenant: Option<String>) -> QueuedTask {
+        QueuedTask {
+            task: NewTask {
+                skill: self.skill,
+                tools: self.tools,
+                context: self.context,
+                context_budget: self.context_budget,
+                model: self.model,
+                environment: self.environment,
+                env_checkpoint: self.env_checkpoint,
+                opening_observation: self.opening_observation,
+            },
+            initial_state: self.initial_state,
+            labels: self.labels,
+            tenant,
+        }
+    }
 }
 
 impl Prepared {
     /// The tasks owned by `tenant` (`None`: by no tenant).
     pub fn for_tenant(mut self, tenant: Option<&str>) -> Self {
-        for task in &mut self.tasks {
-            task.tenant = tenant.map(str::to_owned);
-        }
+        self.tenant = tenant.map(str::to_owned);
         self
     }
 
-    /// Creates the batch and queues its tasks.
+    /// Creates the batch and queues its tasks in one transaction (`Queue::submit_batch`): a
+    /// submit that fails or is killed half-way leaves neither the batch nor any task.
     pub async fn submit(self, store: &dyn Store) -> Result<Submitted> {
-        let batch = store.create_batch(&self.batch).await?;
-        let tasks = store.enqueue_tasks(&batch.id, self.tasks).await?;
+        let Prepared {
+            batch,
+            mut spool,
+            tenant,
+        } = self;
+        spool
+            .seek(SeekFrom::Start(0))
+            .context("cannot read back the prepared tasks")?;
+        let mut lines = BufReader::new(spool).lines();
+        let mut feed = std::iter::from_fn(move || {
+            let line = lines.next()?;
+            // A kill here, with the transaction open, is what crash tests aim at.
+            skillstate_tools::failpoint("submit_task");
+            Some(
+                line.map_err(|e| format!("cannot read back the prepared tasks: {e}"))
+                    .and_then(|line| {
+                        serde_json::from_str::<Spooled>(&line)
+                            .map_err(|e| format!("cannot read back a prepared task: {e}"))
+                    })
+                    .map(|spooled| spooled.queued(tenant.clone())),
+            )
+        });
+        let (batch, tasks) = store.submit_batch(&batch, &mut feed).await?;
         Ok(Submitted { batch, tasks })
     }
 }
 
+/// A temporary file no path names: created, then unlinked while open.
+fn anonymous_file() -> Result<std::fs::File> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let path =
+        std::env::temp_dir().join(format!("skillstate-submit-{}-{nanos}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .with_context(|| format!("cannot create a temporary file in {}", path.display()))?;
+    std::fs::remove_file(&path)
+        .with_context(|| format!("cannot remove the temporary file {}", path.display()))?;
+    Ok(file)
+}
+
 /// Reads and checks every input of `spec` against its skill, without touching a database.
+/// Inputs are read and tasks built one at a time; the first bad input ends it with an error
+/// naming it.
 pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     let skill = load_skill(&spec.skill)?;
     let mut config = config.clone();
@@ -56,7 +165,7 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     let config = &config;
     toolbox::check_skill_paths(skill.settings(), config)
         .with_context(|| format!("{}", spec.skill.join("skill.toml").display()))?;
-    let inputs = read_inputs(&spec.inputs)?;
+    let inputs = stream_inputs(&spec.inputs)?;
     let environment = skill.settings().environment.clone();
     let model = build_model(
         &spec.model,
@@ -76,27 +185,19 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     let toolbox = match &environment {
         Some(_) => None,
         None => {
-            let mut config = config.clone();
-            config
-                .tools
-                .work_roots
-                .extend(spec.work_roots.iter().cloned());
-            let place = toolbox::work_place(skill.settings(), Some(&spec.skill), None, &config)?;
-            Some(toolbox::build(skill.settings(), &place, &config).await?)
+            let place = toolbox::work_place(skill.settings(), Some(&spec.skill), None, config)?;
+            Some(toolbox::build(skill.settings(), &place, config).await?)
         }
     };
-    let prepared: Result<Vec<QueuedTask>> = inputs
-        .iter()
-        .map(|input| {
-            prepare_one(
-                &skill,
-                environment.as_ref(),
-                toolbox.as_ref(),
-                &options,
-                input,
-            )
-        })
-        .collect();
+    let spooled = spool(inputs, |input| {
+        prepare_one(
+            &skill,
+            environment.as_ref(),
+            toolbox.as_ref(),
+            &options,
+            &input,
+        )
+    });
     if let Some(toolbox) = &toolbox {
         toolbox.shutdown().await;
         toolbox.discard_own_work_dir();
@@ -109,8 +210,28 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
             max_retry: spec.max_retry,
             rate_limit: spec.rate_limit,
         },
-        tasks: prepared?,
+        spool: spooled?,
+        tenant: None,
     })
+}
+
+/// Builds each input's task and appends it to a fresh spool.
+fn spool(
+    inputs: impl Iterator<Item = Result<TaskInput>>,
+    mut prepare: impl FnMut(TaskInput) -> Result<QueuedTask>,
+) -> Result<std::fs::File> {
+    let file = anonymous_file()?;
+    let mut out = BufWriter::new(file);
+    for input in inputs {
+        let task = prepare(input?)?;
+        serde_json::to_writer(&mut out, &Spooled::of(task))
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .context("cannot write the prepared tasks to a temporary file")?;
+    }
+    out.into_inner()
+        .map_err(|e| e.into_error())
+        .context("cannot write the prepared tasks to a temporary file")
 }
 
 /// The task one input describes, without storing it.
