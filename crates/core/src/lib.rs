@@ -3,6 +3,7 @@
 
 pub mod board;
 pub mod json;
+pub mod outside;
 pub mod output;
 pub mod output_schema;
 pub mod patch;
@@ -19,6 +20,7 @@ pub mod tool;
 pub mod validate;
 pub mod write_only;
 
+pub use outside::Outside;
 pub use output::{ParsedOutput, RawAction, parse_output};
 pub use output_schema::step_output_schema;
 pub use patch::StatePatch;

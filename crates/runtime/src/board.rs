@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 use skillstate_core::StateSchema;
+use skillstate_core::secrets::Redactor;
 use skillstate_core::board::{
     BoardChange, BoardScope, Conflict, apply_board, conflict_rejections, mount_is_free, mounted,
     rebase,
@@ -104,6 +105,7 @@ impl BoardFrame {
         commit: &StepCommit,
         seen: &BoardSeen,
         change: &BoardChange,
+        secrets: &Redactor,
     ) -> Result<BoardCommitted, RuntimeError> {
         let step = commit.entry.step;
         let mut target_version = seen.version;
@@ -163,7 +165,9 @@ impl BoardFrame {
                 },
                 Err(conflict) => {
                     crate::metrics::board_conflicted();
-                    return Ok(BoardCommitted::Refused(self.conflict(&conflict, &newest)));
+                    return Ok(BoardCommitted::Refused(
+                        self.conflict(&conflict, &newest, secrets),
+                    ));
                 }
             }
         }
@@ -173,10 +177,17 @@ impl BoardFrame {
             pointers: skillstate_core::board::touched(&change.patch),
             fresh: Value::Null,
         };
-        Ok(BoardCommitted::Refused(self.conflict(&everything, &newest)))
+        Ok(BoardCommitted::Refused(
+            self.conflict(&everything, &newest, secrets),
+        ))
     }
 
-    fn conflict(&self, conflict: &Conflict, newest: &BoardSeen) -> Vec<Rejection> {
-        conflict_rejections(conflict, &newest.state, &self.scope, &self.schema)
+    fn conflict(
+        &self,
+        conflict: &Conflict,
+        newest: &BoardSeen,
+        secrets: &Redactor,
+    ) -> Vec<Rejection> {
+        conflict_rejections(conflict, &newest.state, &self.scope, &self.schema, secrets)
     }
 }
