@@ -84,8 +84,7 @@ impl Redactor {
         for secret in &self.values {
             for (end, _) in secret.char_indices().skip(1) {
                 let start = text.len().saturating_sub(end);
-                if start < keep && text.is_char_boundary(start) && text[start..] == secret[..end]
-                {
+                if start < keep && text.is_char_boundary(start) && text[start..] == secret[..end] {
                     keep = start;
                 }
             }

@@ -100,8 +100,12 @@ impl ModelProvider for AnthropicProvider {
             .client
             .post(&url, &headers, request, |mode| self.body(request, mode))
             .await?;
-        let mut response = parse_answer(&answer, mode == Constrain::JsonObject, &self.client.secrets())
-            .map_err(|message| self.client.protocol_error(&message))?;
+        let mut response = parse_answer(
+            &answer,
+            mode == Constrain::JsonObject,
+            &self.client.secrets(),
+        )
+        .map_err(|message| self.client.protocol_error(&message))?;
         response.latency = started.elapsed();
         Ok(response)
     }

@@ -168,7 +168,9 @@ fn error_message(body: &Outside, secrets: &Redactor) -> String {
     });
     // `from_json` was parsed from the redacted body; the whole text is redacted here.
     let text = from_json.unwrap_or_else(|| body.redacted(secrets).trim().to_owned());
-    let clipped = Outside::new(text).clipped_chars(secrets, MAX_ERROR_CHARS).text;
+    let clipped = Outside::new(text)
+        .clipped_chars(secrets, MAX_ERROR_CHARS)
+        .text;
     if clipped.is_empty() {
         "(no message)".to_owned()
     } else {
@@ -282,7 +284,9 @@ mod tests {
             "model not found"
         );
         assert_eq!(
-            message(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#),
+            message(
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
             "Overloaded"
         );
         assert_eq!(message("plain failure\n"), "plain failure");

@@ -7,11 +7,11 @@
 
 use serde_json::Value;
 use skillstate_core::StateSchema;
-use skillstate_core::secrets::Redactor;
 use skillstate_core::board::{
     BoardChange, BoardScope, Conflict, apply_board, conflict_rejections, mount_is_free, mounted,
     rebase,
 };
+use skillstate_core::secrets::Redactor;
 use skillstate_core::validate::Rejection;
 use skillstate_store::{BoardAuthor, BoardWrite, StepCommit, Store, StoreError, TaskRecord};
 
@@ -177,9 +177,11 @@ impl BoardFrame {
             pointers: skillstate_core::board::touched(&change.patch),
             fresh: Value::Null,
         };
-        Ok(BoardCommitted::Refused(
-            self.conflict(&everything, &newest, secrets),
-        ))
+        Ok(BoardCommitted::Refused(self.conflict(
+            &everything,
+            &newest,
+            secrets,
+        )))
     }
 
     fn conflict(

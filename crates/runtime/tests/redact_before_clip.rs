@@ -118,7 +118,11 @@ fn filler(seed: u64, len: usize) -> String {
             state ^= state >> 7;
             state ^= state << 17;
             // Letters at both ends: nothing to trim.
-            let pick = if i == 0 || i + 1 == len { 26 } else { ALPHABET.len() };
+            let pick = if i == 0 || i + 1 == len {
+                26
+            } else {
+                ALPHABET.len()
+            };
             ALPHABET[(state % pick as u64) as usize] as char
         })
         .collect()
@@ -144,7 +148,11 @@ fn assert_no_piece(what: &str, text: &str, secret: &str) {
         let at = text.find(&piece).unwrap_or(0);
         // From the start of its line (a log line names its level and target), or 40 before.
         let line = text[..at].rfind('\n').map_or(0, |i| i + 1);
-        let near = text[..at].char_indices().rev().nth(40).map_or(0, |(i, _)| i);
+        let near = text[..at]
+            .char_indices()
+            .rev()
+            .nth(40)
+            .map_or(0, |(i, _)| i);
         let head: String = text[line..].chars().take(80).collect();
         let start = near.max(line);
         let end = (at + 40).min(text.len());
@@ -242,7 +250,9 @@ impl ModelServer {
                 let mut buffer = [0u8; 8192];
                 // Headers, then the body by Content-Length.
                 let body_start = loop {
-                    let Ok(n) = stream.read(&mut buffer) else { break None };
+                    let Ok(n) = stream.read(&mut buffer) else {
+                        break None;
+                    };
                     if n == 0 {
                         break None;
                     }
@@ -251,7 +261,9 @@ impl ModelServer {
                         break Some(at + 4);
                     }
                 };
-                let Some(body_start) = body_start else { continue };
+                let Some(body_start) = body_start else {
+                    continue;
+                };
                 let head = String::from_utf8_lossy(&request[..body_start]).to_lowercase();
                 let length: usize = head
                     .lines()
@@ -315,8 +327,8 @@ fn lead(entry: Entry) -> usize {
 // ---- the tools -------------------------------------------------------------------------
 
 fn mcp_config() -> McpServerConfig {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tools/tests/fixtures/fault_mcp_server.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/tests/fixtures/fault_mcp_server.py");
     McpServerConfig {
         command: "python3".into(),
         args: vec![script.display().to_string()],
@@ -385,7 +397,10 @@ fn tool_call(entry: Entry, work: &Path, payload: &str) -> (&'static str, Value) 
         Entry::FsSearchHit => {
             file("hit.txt");
             // The payload starts with filler: its first characters find the line.
-            ("fs.search", json!({"text": &payload[..6], "path": "hit.txt"}))
+            (
+                "fs.search",
+                json!({"text": &payload[..6], "path": "hit.txt"}),
+            )
         }
         Entry::McpResult => ("fault.echo", json!({"text": payload})),
         _ => unreachable!("not a tool entry"),

@@ -79,7 +79,9 @@ pub(super) fn read(
         // A single line longer than the whole cap: show its start, read as far as the cap
         // allows (its rest is never read), redacted, then cut to the cap.
         let valid = utf8_prefix(&line[..room], number, given)?;
-        let start = Outside::cut_short(&line[..valid]).clipped(secrets, cap).text;
+        let start = Outside::cut_short(&line[..valid])
+            .clipped(secrets, cap)
+            .text;
         let cut = start.len();
         long_line = Some(start);
         // The rest of that line is not scanned here (it may be huge, even endless in effect):
