@@ -97,6 +97,7 @@ impl BoardFrame {
 
     /// Commits `commit` (the task's step, at `task_version`) with `change`, computed on
     /// `seen`, in one transaction; rebases onto newer versions as the rule allows.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn commit(
         &self,
         store: &dyn Store,

@@ -418,13 +418,13 @@ fn payload(cap: &Cap, seed: u64, secret: &str, delta: i64) -> String {
 async fn run_entry(
     entry: Entry,
     payload: &str,
-    secret: &Redactor,
     key_is_secret: bool,
     secret_text: &str,
     server: &ModelServer,
     tools: &Tools,
     work: &Path,
 ) -> String {
+    let secret = &Redactor::new([secret_text]);
     match entry {
         Entry::ProviderError | Entry::ProviderRetried | Entry::ProviderWrongShape => {
             let (status, body) = provider_body(entry, payload);
@@ -496,7 +496,6 @@ proptest! {
         let _one = one_case();
         let logs = logs();
         let work = tempfile::tempdir().unwrap();
-        let redactor = Redactor::new([secret.clone()]);
         runtime().block_on(async {
             let server = ModelServer::start();
             let tools = tools(work.path()).await;
@@ -505,8 +504,8 @@ proptest! {
                 for delta in -len - 2..=2 {
                     let payload = payload(cap, seed, &secret, delta);
                     let out = run_entry(
-                        cap.entry, &payload, &redactor, key_is_secret, &secret, &server,
-                        &tools, work.path(),
+                        cap.entry, &payload, key_is_secret, &secret, &server, &tools,
+                        work.path(),
                     )
                     .await;
                     assert_no_piece(&format!("{} at {delta}", cap.name), &out, &secret);
