@@ -243,6 +243,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn what_a_body_error_quotes_is_redacted() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Count {
+            count: u32,
+        }
+        let secrets = Redactor::new(["sk-SECRET-0123456789"]);
+        let body = br#"{"count": "a sk-SECRET-0123456789 b"}"#;
+        let Err(error) = parse_body_quoting::<Count>(body, 8, &secrets) else {
+            panic!("a string is not a count");
+        };
+        let shown = format!("{error:?}");
+        assert!(!shown.contains("sk-SECRET"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+    }
+
+    #[test]
     fn nesting_is_counted_outside_strings_only() {
         assert!(!nesting_exceeds(br#"{"a":[1,{"b":2}]}"#, 3));
         assert!(nesting_exceeds(br#"{"a":[1,{"b":[2]}]}"#, 3));
