@@ -297,11 +297,13 @@ pub async fn build(
     }
     let mut servers = Vec::new();
     let mut destructive: Vec<String> = Vec::new();
+    let secrets = config.secrets();
     for (name, server_config) in &config.mcp.servers {
         if !wants(settings, name) {
             continue;
         }
-        let (server, server_tools) = match McpServer::start(name, server_config).await {
+        let started = McpServer::start_withholding(name, server_config, &secrets).await;
+        let (server, server_tools) = match started {
             Ok(started) => started,
             Err(error) => {
                 shutdown_all(&servers).await;

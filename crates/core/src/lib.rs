@@ -5,6 +5,7 @@ pub mod board;
 pub mod json;
 pub mod output;
 pub mod output_schema;
+pub mod outside;
 pub mod patch;
 pub mod prompt;
 pub mod schema;
@@ -21,6 +22,7 @@ pub mod write_only;
 
 pub use output::{ParsedOutput, RawAction, parse_output};
 pub use output_schema::step_output_schema;
+pub use outside::Outside;
 pub use patch::StatePatch;
 pub use prompt::{ContextStrategy, Prompt, PromptInput, Turn, fit_observation, render};
 pub use schema::StateSchema;

@@ -17,7 +17,7 @@ pub const REDACTED: &str = "[redacted]";
 /// keys of local model servers) would garble ordinary text and protect nothing.
 pub const MIN_SECRET_LEN: usize = 8;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Redactor {
     /// Longest first, so that a secret containing another is replaced whole.
     values: Vec<String>,
@@ -76,6 +76,22 @@ impl Redactor {
         out
     }
 
+    /// `text` without a trailing piece that begins a secret (a proper prefix of one, of any
+    /// length): what is left when a source stopped reading inside a secret. Applied after
+    /// [`Redactor::redact`], by [`crate::outside::Outside`] for texts cut short.
+    pub fn without_partial_tail<'t>(&self, text: &'t str) -> &'t str {
+        let mut keep = text.len();
+        for secret in &self.values {
+            for (end, _) in secret.char_indices().skip(1) {
+                let start = text.len().saturating_sub(end);
+                if start < keep && text.is_char_boundary(start) && text[start..] == secret[..end] {
+                    keep = start;
+                }
+            }
+        }
+        &text[..keep]
+    }
+
     /// Redacts every string (and object key) inside `value`.
     pub fn redact_json(&self, value: &mut Value) {
         if self.values.is_empty() {
@@ -103,6 +119,13 @@ impl Redactor {
             }
             _ => {}
         }
+    }
+}
+
+/// Shows how many values it holds, never the values.
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Redactor({} values)", self.values.len())
     }
 }
 

@@ -48,7 +48,8 @@ pub fn fits_in_tokens(text: &str, budget: usize) -> bool {
 }
 
 /// The longest prefix of `text` that fits in `budget` tokens, and the token count of the whole
-/// text. Returns the text unchanged when it already fits.
+/// text. Returns the text unchanged when it already fits. It cuts observations only, which are
+/// built from redacted text (`outside::Outside` in the runtime), never from raw outside text.
 pub fn truncate_to_tokens(text: &str, budget: usize) -> (String, usize) {
     let tokens = tokenizer().encode_ordinary(text);
     let total = tokens.len();

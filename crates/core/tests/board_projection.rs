@@ -91,7 +91,11 @@ fn everything_written(case: &BoardCase) -> Vec<String> {
                     // Computed on the initial board, met with the other writer's changes.
                     if let Err(conflict) = rebase(&patch, &case.initial, state) {
                         out.push(text(&conflict_rejections(
-                            &conflict, state, &scope, &schema,
+                            &conflict,
+                            state,
+                            &scope,
+                            &schema,
+                            &Default::default(),
                         )));
                     }
                 }

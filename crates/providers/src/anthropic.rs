@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use skillstate_core::secrets::Redactor;
 
 use crate::client::{Client, Vendor};
 use crate::settings::{Constrain, ProviderSettings};
@@ -84,6 +85,10 @@ impl ModelProvider for AnthropicProvider {
         self.client.api_key.iter().cloned().collect()
     }
 
+    fn withhold(&self, secrets: &Redactor) {
+        self.client.withhold(secrets);
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
         let started = Instant::now();
         let url = format!("{}/v1/messages", self.client.base_url);
@@ -95,18 +100,26 @@ impl ModelProvider for AnthropicProvider {
             .client
             .post(&url, &headers, request, |mode| self.body(request, mode))
             .await?;
-        let mut response = parse_answer(&answer, mode == Constrain::JsonObject)
-            .map_err(|message| self.client.protocol_error(&message))?;
+        let mut response = parse_answer(
+            &answer,
+            mode == Constrain::JsonObject,
+            &self.client.secrets(),
+        )
+        .map_err(|message| self.client.protocol_error(&message))?;
         response.latency = started.elapsed();
         Ok(response)
     }
 }
 
-fn parse_answer(answer: &Value, prefilled: bool) -> Result<ModelResponse, String> {
+fn parse_answer(
+    answer: &Value,
+    prefilled: bool,
+    secrets: &Redactor,
+) -> Result<ModelResponse, String> {
     let blocks = answer["content"].as_array().ok_or_else(|| {
         format!(
             "the answer has no content blocks: {}",
-            answer.to_string().chars().take(300).collect::<String>()
+            Client::quote(secrets, answer)
         )
     })?;
     let text = match blocks.iter().find(|b| b["type"] == "tool_use") {

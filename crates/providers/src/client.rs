@@ -1,12 +1,19 @@
 //! What the network providers share: the key, the transport, the constrain mode with its one
 //! fallback, and how HTTP failures become `ProviderError`s.
 
+use std::sync::Arc;
+
 use serde_json::Value;
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 
 use crate::constrain::ModeChoice;
 use crate::http::{HttpFailure, ServerErrors, Transport};
 use crate::settings::{Constrain, ProviderSettings};
 use crate::{ModelRequest, ProviderError};
+
+/// Longest part of an answer quoted in a protocol error, in characters.
+pub(crate) const MAX_QUOTED_CHARS: usize = 300;
 
 pub(crate) struct Client {
     pub provider: &'static str,
@@ -107,6 +114,23 @@ impl Client {
                 Err(failure) => return Err(self.error(failure)),
             }
         }
+    }
+
+    /// The secrets every body is redacted of.
+    pub fn secrets(&self) -> Arc<Redactor> {
+        self.transport.secrets()
+    }
+
+    /// Adds the runtime's secrets to the key.
+    pub fn withhold(&self, more: &Redactor) {
+        self.transport.withhold(more);
+    }
+
+    /// A part of an answer, quoted in an error: redacted, then cut to [`MAX_QUOTED_CHARS`].
+    pub fn quote(secrets: &Redactor, value: &Value) -> String {
+        Outside::from(value)
+            .clipped_chars(secrets, MAX_QUOTED_CHARS)
+            .text
     }
 
     pub fn protocol_error(&self, message: &str) -> ProviderError {

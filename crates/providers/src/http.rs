@@ -3,12 +3,13 @@
 //! rate limiter, and error texts that never carry a secret.
 
 use std::collections::VecDeque;
-use std::sync::Once;
+use std::sync::{Arc, Once, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
 use serde_json::Value;
+use skillstate_core::outside::Outside;
 use skillstate_core::secrets::Redactor;
 use tokio::sync::Mutex;
 
@@ -35,8 +36,9 @@ pub struct Transport {
     client: reqwest::Client,
     max_retries: u32,
     limiter: RateLimiter,
-    /// Secrets to scrub from anything that may end up in an error message.
-    secrets: Redactor,
+    /// Secrets to scrub from every body before anything reads or cuts it: the key, and what
+    /// the runtime adds (`ModelProvider::withhold`).
+    secrets: RwLock<Arc<Redactor>>,
 }
 
 fn install_crypto_provider() {
@@ -59,14 +61,26 @@ impl Transport {
             client,
             max_retries: settings.max_retries,
             limiter: RateLimiter::new(settings.requests_per_minute, settings.tokens_per_minute),
-            secrets: Redactor::new(secret),
+            secrets: RwLock::new(Arc::new(Redactor::new(secret))),
         })
     }
 
-    /// `text` without the secret. Applied to whole texts before anything cuts them, so a
-    /// secret split by a cut cannot survive in pieces.
+    /// The secrets in force.
+    pub fn secrets(&self) -> Arc<Redactor> {
+        Arc::clone(&self.secrets.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Adds `more` to the secrets every body is redacted of.
+    pub fn withhold(&self, more: &Redactor) {
+        let mut secrets = self.secrets.write().unwrap_or_else(|p| p.into_inner());
+        let mut all = Redactor::clone(&secrets);
+        all.extend(more);
+        *secrets = Arc::new(all);
+    }
+
+    /// `text` (which came from outside: an error's text, a body's part) without any secret.
     pub fn redact(&self, text: &str) -> String {
-        self.secrets.redact(text).into_owned()
+        Outside::new(text).redacted(&self.secrets())
     }
 
     /// POSTs `body` as JSON and returns the parsed JSON answer.
@@ -89,9 +103,12 @@ impl Transport {
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let retry_after = retry_after(response.headers());
-                    let text = response.text().await.unwrap_or_default();
+                    // Every body, of every status, is outside text: redacted as a whole before
+                    // it is parsed, quoted or cut.
+                    let body = Outside::from_bytes(&response.bytes().await.unwrap_or_default());
+                    let secrets = self.secrets();
                     if (200..300).contains(&status) {
-                        match serde_json::from_str::<Value>(&text) {
+                        match body.json(&secrets) {
                             Ok(json) => return Ok(json),
                             Err(e) => (
                                 self.redact(&format!("the server sent malformed JSON ({e})")),
@@ -99,7 +116,7 @@ impl Transport {
                             ),
                         }
                     } else {
-                        let message = error_message(&self.redact(&text));
+                        let message = error_message(&body, &secrets);
                         let retryable = status == 429
                             || (status >= 500 && server_errors == ServerErrors::Retry);
                         if !retryable {
@@ -132,9 +149,13 @@ impl Transport {
     }
 }
 
-/// The message of an API error body (`{"error": {"message": ...}}` and similar), or the text.
-fn error_message(body: &str) -> String {
-    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+/// Longest message quoted from an error body, in characters.
+pub(crate) const MAX_ERROR_CHARS: usize = 500;
+
+/// The message of an API error body (`{"error": {"message": ...}}` and similar), or the text;
+/// redacted whole, then at most [`MAX_ERROR_CHARS`] characters.
+fn error_message(body: &Outside, secrets: &Redactor) -> String {
+    let from_json = body.json(secrets).ok().and_then(|v| {
         v.pointer("/error/message")
             .or_else(|| v.pointer("/message"))
             .or_else(|| v.get("error").filter(|e| e.is_string()))
@@ -145,8 +166,11 @@ fn error_message(body: &str) -> String {
                     .unwrap_or_else(|| m.to_string())
             })
     });
-    let text = from_json.unwrap_or_else(|| body.trim().to_owned());
-    let clipped: String = text.chars().take(500).collect();
+    // `from_json` was parsed from the redacted body; the whole text is redacted here.
+    let text = from_json.unwrap_or_else(|| body.redacted(secrets).trim().to_owned());
+    let clipped = Outside::new(text)
+        .clipped_chars(secrets, MAX_ERROR_CHARS)
+        .text;
     if clipped.is_empty() {
         "(no message)".to_owned()
     } else {
@@ -254,17 +278,18 @@ mod tests {
 
     #[test]
     fn error_bodies_and_backoff() {
+        let message = |body: &str| error_message(&Outside::new(body), &Redactor::default());
         assert_eq!(
-            error_message(r#"{"error": {"message": "model not found", "type": "x"}}"#),
+            message(r#"{"error": {"message": "model not found", "type": "x"}}"#),
             "model not found"
         );
         assert_eq!(
-            error_message(
+            message(
                 r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
             ),
             "Overloaded"
         );
-        assert_eq!(error_message("plain failure\n"), "plain failure");
+        assert_eq!(message("plain failure\n"), "plain failure");
         for attempt in 0..12 {
             let b = backoff(attempt);
             assert!(

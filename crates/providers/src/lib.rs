@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use skillstate_core::Prompt;
+use skillstate_core::secrets::Redactor;
 
 pub use anthropic::AnthropicProvider;
 pub use http::RateLimiter;
@@ -136,6 +137,11 @@ pub trait ModelProvider: Send + Sync {
     /// out of everything it stores and prints.
     fn secret_values(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// More secret values (the operator's) that this provider redacts from every body it
+    /// receives before it parses, quotes or cuts it, as it does its own key.
+    fn withhold(&self, secrets: &Redactor) {
+        let _ = secrets;
     }
 }
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use skillstate_core::secrets::Redactor;
 
 use crate::client::{Client, Vendor};
 use crate::settings::{Constrain, ProviderSettings};
@@ -93,6 +94,10 @@ impl ModelProvider for OpenAiProvider {
         self.client.api_key.iter().cloned().collect()
     }
 
+    fn withhold(&self, secrets: &Redactor) {
+        self.client.withhold(secrets);
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
         let started = Instant::now();
         let url = format!("{}/chat/completions", self.client.base_url);
@@ -104,15 +109,16 @@ impl ModelProvider for OpenAiProvider {
             .client
             .post(&url, &headers, request, |mode| self.body(request, mode))
             .await?;
-        let mut response =
-            parse_answer(&answer).map_err(|message| self.client.protocol_error(&message))?;
+        let mut response = parse_answer(&answer, &self.client.secrets())
+            .map_err(|message| self.client.protocol_error(&message))?;
         response.latency = started.elapsed();
         Ok(response)
     }
 }
 
 /// Text, finish reason and usage of a Chat Completions answer.
-fn parse_answer(answer: &Value) -> Result<ModelResponse, String> {
+fn parse_answer(answer: &Value, secrets: &Redactor) -> Result<ModelResponse, String> {
+    let clip = |value: &Value| Client::quote(secrets, value);
     let choice = answer
         .pointer("/choices/0")
         .ok_or_else(|| format!("the answer has no choices: {}", clip(answer)))?;
@@ -143,8 +149,4 @@ fn parse_answer(answer: &Value) -> Result<ModelResponse, String> {
         latency: std::time::Duration::ZERO,
         truncated: choice["finish_reason"].as_str() == Some("length"),
     })
-}
-
-fn clip(value: &Value) -> String {
-    value.to_string().chars().take(300).collect()
 }

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use skillstate_core::outside::Outside;
 use skillstate_core::{AcceptedStep, Action, Rejection};
 use skillstate_store::{
     ActionResult, JournalEntry, LeasedWrite, MessageRecord, NewIntent, StepCommit, TaskStatus,
@@ -97,7 +98,15 @@ impl Runner<'_> {
         match (board, &accepted.board) {
             (Some((board, seen)), Some(change)) => {
                 let committed = board
-                    .commit(&self.writer(), task, *version, &commit, seen, change)
+                    .commit(
+                        &self.writer(),
+                        task,
+                        *version,
+                        &commit,
+                        seen,
+                        change,
+                        &self.secrets,
+                    )
                     .await?;
                 if let BoardCommitted::Refused(rejections) = committed {
                     // Nothing was written: a result held back for this commit waits for the
@@ -167,13 +176,20 @@ impl Runner<'_> {
         let output = match call_bounded(
             tool.as_ref(),
             args,
-            &CallContext::new(task, step),
+            &CallContext::new(task, step).with_secrets(Arc::new(self.secrets.clone())),
             self.tool_limit,
         )
         .await
         {
             Ok(output) => output,
             Err(error) => ToolOutput::failure(format!("Error: {error}")),
+        };
+        // The tool cut what it read only after redacting it (its `CallContext` holds these
+        // secrets); the whole result and its error text are redacted here once more, before
+        // anything else reads them.
+        let output = ToolOutput {
+            text: Outside::new(output.text).redacted(&self.secrets),
+            ok: output.ok,
         };
         crate::metrics::tool_called(name, output.ok);
         // A tool's result never speaks with the user's voice.
@@ -243,7 +259,7 @@ impl Runner<'_> {
         shown: &[&MessageRecord],
     ) -> ActionResult {
         let output = ToolOutput {
-            text: self.secrets.redact(&output.text).into_owned(),
+            text: Outside::new(output.text).redacted(&self.secrets),
             ok: output.ok,
         };
         self.observer.action_done(step, &output);
@@ -251,7 +267,7 @@ impl Runner<'_> {
             Some(event) => format!(
                 "{}\n{}",
                 output.text,
-                not_the_user(&self.secrets.redact(&event))
+                not_the_user(&Outside::new(event).redacted(&self.secrets))
             ),
             None => output.text.clone(),
         };

@@ -11,6 +11,7 @@ use skillstate_core::board::{
     BoardChange, BoardScope, Conflict, apply_board, conflict_rejections, mount_is_free, mounted,
     rebase,
 };
+use skillstate_core::secrets::Redactor;
 use skillstate_core::validate::Rejection;
 use skillstate_store::{
     BoardAuthor, BoardWrite, LeasedWrite, StepCommit, Store, StoreError, TaskRecord,
@@ -101,6 +102,7 @@ impl BoardFrame {
 
     /// Commits `commit` (the task's step, at `task_version`) with `change`, computed on
     /// `seen`, in one transaction; rebases onto newer versions as the rule allows.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn commit(
         &self,
         writer: &TaskWriter<'_>,
@@ -109,6 +111,7 @@ impl BoardFrame {
         commit: &StepCommit,
         seen: &BoardSeen,
         change: &BoardChange,
+        secrets: &Redactor,
     ) -> Result<BoardCommitted, RuntimeError> {
         let step = commit.entry.step;
         let mut target_version = seen.version;
@@ -170,7 +173,9 @@ impl BoardFrame {
                 },
                 Err(conflict) => {
                     crate::metrics::board_conflicted();
-                    return Ok(BoardCommitted::Refused(self.conflict(&conflict, &newest)));
+                    return Ok(BoardCommitted::Refused(
+                        self.conflict(&conflict, &newest, secrets),
+                    ));
                 }
             }
         }
@@ -180,10 +185,19 @@ impl BoardFrame {
             pointers: skillstate_core::board::touched(&change.patch),
             fresh: Value::Null,
         };
-        Ok(BoardCommitted::Refused(self.conflict(&everything, &newest)))
+        Ok(BoardCommitted::Refused(self.conflict(
+            &everything,
+            &newest,
+            secrets,
+        )))
     }
 
-    fn conflict(&self, conflict: &Conflict, newest: &BoardSeen) -> Vec<Rejection> {
-        conflict_rejections(conflict, &newest.state, &self.scope, &self.schema)
+    fn conflict(
+        &self,
+        conflict: &Conflict,
+        newest: &BoardSeen,
+        secrets: &Redactor,
+    ) -> Vec<Rejection> {
+        conflict_rejections(conflict, &newest.state, &self.scope, &self.schema, secrets)
     }
 }

@@ -143,6 +143,10 @@ impl ModelProvider for SharedRateLimit {
     fn secret_values(&self) -> Vec<String> {
         self.inner.secret_values()
     }
+
+    fn withhold(&self, secrets: &skillstate_core::secrets::Redactor) {
+        self.inner.withhold(secrets);
+    }
 }
 
 fn describe(limit: &RateLimit) -> String {

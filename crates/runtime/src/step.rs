@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use skillstate_core::board::{BoardRules, mounted_view, validate_board_step};
 use skillstate_core::json::text_hash;
+use skillstate_core::outside::Outside;
 use skillstate_core::prompt::Turn;
 use skillstate_core::validate::Document;
 use skillstate_core::{Action, Rejection, RejectionKind, StepRules, count_tokens, validate_step};
@@ -129,7 +130,7 @@ impl Runner<'_> {
             crate::metrics::model_answered(latency, prompt_tokens, response.usage.as_ref());
             failpoint("after_model");
             // The answer is untrusted text: secrets it echoes are gone before anything reads it.
-            let answer_text = self.secrets.redact(&response.text).into_owned();
+            let answer_text = Outside::new(response.text).redacted(&self.secrets);
             let mut verdict = match (&frame.board, &seen) {
                 (Some(board), Some(seen)) => validate_board_step(
                     &rules,

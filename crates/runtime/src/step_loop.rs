@@ -94,8 +94,10 @@ impl<'a> Runner<'a> {
     }
 
     /// Also keeps these secret values out of everything the runner stores.
+    /// The model's provider redacts them too, from every body it receives.
     pub fn with_secrets(mut self, secrets: &Redactor) -> Self {
         self.secrets.extend(secrets);
+        self.model.withhold(&self.secrets);
         self
     }
 

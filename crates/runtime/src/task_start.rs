@@ -3,6 +3,7 @@
 //! its tools and record the opening observation.
 
 use serde_json::Value;
+use skillstate_core::outside::Outside;
 use skillstate_core::secrets::Redactor;
 use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep, Skill, ToolCatalog, ToolSpec};
 use skillstate_store::{NewTask, Store, TaskRecord, TaskStatus};
@@ -115,7 +116,7 @@ pub fn prepare_task(
     ToolCatalog::new(specs.clone())?;
     let opening = env.opening_observation();
     let opening_observation =
-        crate::voice::not_the_user(&options.secrets.redact(&opening)).into_owned();
+        crate::voice::not_the_user(&Outside::new(opening).redacted(&options.secrets)).into_owned();
     let task = NewTask {
         skill: skill.definition.clone(),
         tools: specs,

@@ -20,6 +20,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
+use skillstate_core::secrets::Redactor;
 use skillstate_providers::Price;
 use skillstate_store::Store;
 use tokio::net::TcpListener;
@@ -110,6 +111,9 @@ pub struct AppState {
     /// The hex SHA-256 of the local key of `skillstate view` ([`crate::auth`]), held in
     /// memory only.
     pub(crate) local_key: Option<Arc<str>>,
+    /// The operator's secret values: a request body is outside text, and what an error quotes
+    /// of it is redacted of them (`json.rs`).
+    pub(crate) secrets: Arc<Redactor>,
 }
 
 /// Tells long-lived responses (event streams) that the server is shutting down, so the
@@ -157,6 +161,7 @@ impl AppState {
             bench: None,
             prices: Arc::default(),
             local_key: None,
+            secrets: Arc::default(),
         }
     }
 
@@ -164,6 +169,12 @@ impl AppState {
     /// allows the `oracle` model only).
     pub fn with_policy(mut self, policy: ServicePolicy) -> Self {
         self.policy = Arc::new(policy);
+        self
+    }
+
+    /// Secret values that no problem quoting a request body repeats.
+    pub fn with_secrets(mut self, secrets: Redactor) -> Self {
+        self.secrets = Arc::new(secrets);
         self
     }
 

@@ -12,6 +12,8 @@ use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::header;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 use skillstate_core::strict_json::parse_strict;
 
 use crate::app::AppState;
@@ -30,7 +32,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             return Err(not_json(&content_type, "a JSON body", ""));
         }
         let body = read_body(request, state).await?;
-        parse_body(&body, state.config.max_json_depth).map(ApiJson)
+        parse_body_quoting(&body, state.config.max_json_depth, &state.secrets).map(ApiJson)
     }
 }
 
@@ -52,7 +54,7 @@ pub(crate) async fn optional_json<T: DeserializeOwned + Default>(
             ", or send no body",
         ));
     }
-    parse_body(&body, state.config.max_json_depth)
+    parse_body_quoting(&body, state.config.max_json_depth, &state.secrets)
 }
 
 /// The request's Content-Type, empty when it has none (or one that is not text).
@@ -110,6 +112,17 @@ pub(crate) async fn read_body(request: Request, state: &AppState) -> Result<Byte
 
 /// Parses a JSON body into `T` under the depth limit; see the module doc for the order.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8], max_depth: usize) -> Result<T, ApiError> {
+    parse_body_quoting(body, max_depth, &Redactor::default())
+}
+
+/// [`parse_body`], every part of the body an error quotes (a value in a type error, a key)
+/// redacted of `secrets` first: the body is outside text.
+pub fn parse_body_quoting<T: DeserializeOwned>(
+    body: &[u8],
+    max_depth: usize,
+    secrets: &Redactor,
+) -> Result<T, ApiError> {
+    let quoted = |message: String| Outside::new(message).redacted(secrets);
     if nesting_exceeds(body, max_depth) {
         return Err(ApiError::TooDeep { limit: max_depth });
     }
@@ -120,7 +133,9 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8], max_depth: usize) -> Result<
         ),
         errors: Vec::new(),
     })?;
-    let value = parse_strict(text).map_err(|error| {
+    let value = parse_strict(text).map_err(|mut error| {
+        error.message = quoted(error.message);
+        error.pointer = quoted(error.pointer);
         if error.syntax {
             ApiError::BadRequest {
                 detail: format!(
@@ -140,8 +155,8 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8], max_depth: usize) -> Result<
         }
     })?;
     serde_path_to_error::deserialize(value).map_err(|error| {
-        let pointer = pointer_of(error.path());
-        let message = error.into_inner().to_string();
+        let pointer = quoted(pointer_of(error.path()));
+        let message = quoted(error.into_inner().to_string());
         ApiError::invalid(
             format!(
                 "the body does not fit this route at `{}`: {message}",
@@ -226,6 +241,23 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_body_error_quotes_is_redacted() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Count {
+            count: u32,
+        }
+        let secrets = Redactor::new(["sk-SECRET-0123456789"]);
+        let body = br#"{"count": "a sk-SECRET-0123456789 b"}"#;
+        let Err(error) = parse_body_quoting::<Count>(body, 8, &secrets) else {
+            panic!("a string is not a count");
+        };
+        let shown = format!("{error:?}");
+        assert!(!shown.contains("sk-SECRET"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+    }
 
     #[test]
     fn nesting_is_counted_outside_strings_only() {

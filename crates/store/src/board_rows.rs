@@ -17,7 +17,13 @@ pub(crate) const MAX_NAME: usize = 100;
 pub(crate) fn check_name(name: &str) -> Result<()> {
     let bad = |reason: &str| {
         Err(StoreError::BadBoardName {
-            name: name.chars().take(MAX_NAME + 1).collect(),
+            // Quoted whole or not at all, never cut: whatever redacts the message later
+            // recognises a secret only whole.
+            name: if name.chars().count() <= MAX_NAME {
+                name.to_owned()
+            } else {
+                format!("({} characters)", name.chars().count())
+            },
             reason: reason.to_owned(),
         })
     };

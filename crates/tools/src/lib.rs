@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
+use skillstate_core::secrets::Redactor;
 pub use skillstate_core::{SideEffect, ToolSpec};
 
 /// Passed to every tool call.
@@ -19,6 +20,10 @@ pub struct CallContext {
     /// `<task id>:<step>`; stable across retries and resumes of the same step, so tools that
     /// accept an idempotency key can deduplicate.
     pub idempotency_key: String,
+    /// The runtime's secrets: a tool turns what it read from outside (a command's output, a
+    /// file, a server's answer: an `Outside`) into its result through them, redacting before
+    /// any cap cuts it.
+    pub secrets: Arc<Redactor>,
 }
 
 impl CallContext {
@@ -27,7 +32,13 @@ impl CallContext {
             task_id: task_id.to_owned(),
             step,
             idempotency_key: format!("{task_id}:{step}"),
+            secrets: Arc::default(),
         }
+    }
+
+    pub fn with_secrets(mut self, secrets: Arc<Redactor>) -> Self {
+        self.secrets = secrets;
+        self
     }
 }
 

@@ -15,6 +15,8 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 use skillstate_core::{SideEffect, ToolSpec};
 use tokio::sync::Mutex;
 
@@ -87,7 +89,7 @@ const STDERR_SETTLE: Duration = Duration::from_secs(2);
 /// The last lines a server wrote to stderr, quoted when it fails (Python's "No module named
 /// …", a missing configuration file, ...).
 struct StderrTail {
-    lines: Arc<std::sync::Mutex<VecDeque<String>>>,
+    lines: Arc<std::sync::Mutex<VecDeque<Outside>>>,
     reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -104,7 +106,7 @@ impl StderrTail {
     /// `"; its last stderr line: …"`, or nothing if it wrote none. A server that just died
     /// may still have its last words in the pipe: this first waits, briefly, for the reader
     /// to reach the end of its stderr.
-    async fn last_line_note(&self) -> String {
+    async fn last_line_note(&self, secrets: &Redactor) -> String {
         let mut reader = self.reader.lock().await;
         if let Some(handle) = reader.as_mut()
             && tokio::time::timeout(STDERR_SETTLE, handle).await.is_ok()
@@ -114,23 +116,30 @@ impl StderrTail {
         let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         lines
             .back()
-            .map(|line| format!("; its last stderr line: {line}"))
+            .map(|line| format!("; its last stderr line: {}", line.redacted(secrets)))
             .unwrap_or_default()
     }
 }
 
 /// Keeps the last non-blank lines of `stderr`, each cut to `STDERR_LINE_BYTES`, whatever the
-/// server writes (a line without end does not grow memory).
+/// server writes (a line without end does not grow memory). A line is outside text until it is
+/// quoted, redacted; one cut at the cap is kept as cut short.
 async fn keep_tail(
     stderr: tokio::process::ChildStderr,
-    tail: Arc<std::sync::Mutex<VecDeque<String>>>,
+    tail: Arc<std::sync::Mutex<VecDeque<Outside>>>,
 ) {
     use tokio::io::AsyncBufReadExt;
-    let push = |line: &[u8]| {
-        let text = String::from_utf8_lossy(line).trim().to_owned();
-        if text.is_empty() {
+    let push = |line: &[u8], cut: bool| {
+        let line = if cut { line } else { line.trim_ascii_end() };
+        let line = line.trim_ascii_start();
+        if line.is_empty() {
             return;
         }
+        let text = if cut {
+            Outside::cut_short(line)
+        } else {
+            Outside::from_bytes(line)
+        };
         let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
         if tail.len() == STDERR_LINES {
             tail.pop_front();
@@ -139,6 +148,7 @@ async fn keep_tail(
     };
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::new();
+    let mut cut = false;
     loop {
         let chunk = match reader.fill_buf().await {
             Ok(chunk) if !chunk.is_empty() => chunk,
@@ -150,13 +160,15 @@ async fn keep_tail(
         };
         let room = STDERR_LINE_BYTES.saturating_sub(line.len());
         line.extend_from_slice(&chunk[..end.min(room)]);
+        cut |= end > room;
         reader.consume(if complete { end + 1 } else { end });
         if complete {
-            push(&line);
+            push(&line, cut);
             line.clear();
+            cut = false;
         }
     }
-    push(&line);
+    push(&line, cut);
 }
 
 /// What a server offers, mapped to skillstate tools.
@@ -173,6 +185,16 @@ impl McpServer {
     pub async fn start(
         name: &str,
         config: &McpServerConfig,
+    ) -> Result<(Arc<McpServer>, Vec<McpTool>), McpError> {
+        Self::start_withholding(name, config, &Redactor::default()).await
+    }
+
+    /// [`McpServer::start`], its start-up errors quoting the server's stderr redacted of
+    /// `secrets` (a tool call's errors use the secrets of its call).
+    pub async fn start_withholding(
+        name: &str,
+        config: &McpServerConfig,
+        secrets: &Redactor,
     ) -> Result<(Arc<McpServer>, Vec<McpTool>), McpError> {
         let mut command = tokio::process::Command::new(&config.command);
         command.args(&config.args).envs(&config.env);
@@ -198,7 +220,11 @@ impl McpServer {
         // A server that dies while starting usually says why on stderr: quote it.
         let failed = async |what: &str, error: String| McpError::Protocol {
             server: name.to_owned(),
-            message: format!("{what} failed: {error}{}", stderr.last_line_note().await),
+            message: format!(
+                "{what} failed: {}{}",
+                Outside::new(error).redacted(secrets),
+                stderr.last_line_note(secrets).await
+            ),
         };
         let client = match tokio::time::timeout(start_timeout, ().serve(transport)).await {
             Err(_) => return Err(timeout("initialisation")),
@@ -346,7 +372,7 @@ impl Tool for McpTool {
         Some(self.server.call_timeout)
     }
 
-    async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let failed = |message: String| ToolError::Failed {
             tool: self.spec.name.clone(),
             message,
@@ -374,19 +400,24 @@ impl Tool for McpTool {
             Ok(Err(error)) => {
                 let message = match error {
                     rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_) => {
-                        let last = self.server.stderr.last_line_note().await;
+                        let last = self.server.stderr.last_line_note(&ctx.secrets).await;
                         format!(
                             "the MCP server `{}` closed the connection (crashed or exited){last}",
                             self.server.name
                         )
                     }
-                    other => format!("MCP server `{}`: {other}", self.server.name),
+                    other => format!(
+                        "MCP server `{}`: {}",
+                        self.server.name,
+                        Outside::new(other.to_string()).redacted(&ctx.secrets)
+                    ),
                 };
                 return Err(failed(message));
             }
             Ok(Ok(result)) => serde_json::to_value(&result).unwrap_or(Value::Null),
         };
-        let text = result_text(&result);
+        // The server's answer, redacted whole before anything (the observation's budget) cuts it.
+        let text = Outside::new(result_text(&result)).redacted(&ctx.secrets);
         Ok(
             if result.get("isError").and_then(Value::as_bool) == Some(true) {
                 ToolOutput::failure(format!("Error from {}: {text}", self.spec.name))

@@ -221,7 +221,8 @@ pub(crate) async fn run_with(
     });
     let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default())
         .with_policy(policy)
-        .with_prices(config.prices.clone());
+        .with_prices(config.prices.clone())
+        .with_secrets(config.secrets());
     if let Some(results) = viewer.bench {
         state = state.with_bench_results(results);
     }

@@ -336,6 +336,8 @@ fn usage_cell(usage: Option<&Value>) -> String {
     }
 }
 
+/// Cuts stored values for a table: a stored value was redacted where it entered
+/// (`outside::Outside`), so no cut here can split a secret.
 fn clip(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_owned();

@@ -21,9 +21,11 @@ use super::rebase::Conflict;
 use super::scope::BoardScope;
 use super::write_check::check_writes;
 use crate::json::state_hash;
+use crate::outside::Outside;
 use crate::patch::StatePatch;
 use crate::schema::{StateSchema, WriteCheck};
 use crate::schema_problem::ReaderView;
+use crate::secrets::Redactor;
 use crate::validate::{
     AcceptedStep, Document, RejectedStep, Rejection, RejectionKind, StepRules, check_action,
     check_patch_with, named_once, parse_answer, schema_rejections,
@@ -391,6 +393,9 @@ pub fn mounted(mut rejection: Rejection) -> Rejection {
     rejection
 }
 
+/// Longest fresh value a conflict rejection quotes, in bytes of JSON.
+const MAX_FRESH_BYTES: usize = 400;
+
 /// The rejections that tell a writer its answer met others' writes: one per conflicting
 /// location, with its fresh value as far as the writer's reads show it, write-only values
 /// (of the board's `schema`) reading `[redacted]`: a rejection is kept in the task's journal,
@@ -400,6 +405,7 @@ pub fn conflict_rejections(
     newest: &Value,
     scope: &BoardScope,
     schema: &StateSchema,
+    secrets: &Redactor,
 ) -> Vec<Rejection> {
     let mut visible = project(newest, scope);
     schema.write_only().redact(&mut visible);
@@ -409,16 +415,11 @@ pub fn conflict_rejections(
         .map(|pointer| {
             let fresh = match pointer.get(&visible) {
                 Some(value) => {
-                    let mut text = serde_json::to_string(value).unwrap_or_default();
-                    if text.len() > 400 {
-                        let mut cut = 400;
-                        while !text.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
-                        text.truncate(cut);
-                        text.push('…');
-                    }
-                    format!("it is now {text}")
+                    // A board value may have been written from outside (the service's PATCH):
+                    // redacted before it is cut.
+                    let clipped = Outside::from(value).clipped(secrets, MAX_FRESH_BYTES);
+                    let ellipsis = if clipped.cut { "…" } else { "" };
+                    format!("it is now {}{ellipsis}", clipped.text)
                 }
                 None if pointer.get(newest).is_some() => {
                     "its new value lies outside what this skill reads".to_owned()

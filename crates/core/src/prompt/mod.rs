@@ -181,7 +181,8 @@ fn first_line(text: &str) -> &str {
 const SUMMARY_ALERT_CHARS: usize = 400;
 
 /// The alert's lines joined on one line, up to a `---` separator (which starts attached
-/// material such as telemetry), at most `SUMMARY_ALERT_CHARS` characters.
+/// material such as telemetry), at most `SUMMARY_ALERT_CHARS` characters. The alert is an
+/// observation, already redacted (`outside::Outside` in the runtime).
 fn condensed(alert: &str) -> String {
     let joined = alert
         .lines()

@@ -107,7 +107,8 @@ fn verdict_of(line: &str) -> Option<(u64, &'static str)> {
     Some((change, verdict))
 }
 
-/// The line as a board note (the board keeps notes under 300 characters).
+/// The line as a board note (the board keeps notes under 300 characters). The line comes from
+/// a rendered prompt, which holds only redacted text.
 fn note(line: &str) -> String {
     line.chars().take(300).collect()
 }

@@ -138,7 +138,7 @@ pub async fn board_events(
 ) -> Result<Response, ApiError> {
     let start = start_position(&headers, query)?;
     let board = owned_board(&state, &caller, &id).await?;
-    let after = first_version(&start, board.version)?;
+    let after = first_version(&start, board.version, &state.secrets)?;
     let mut feed = Feed {
         store: state.store.clone(),
         board: board.id.clone(),
@@ -167,7 +167,11 @@ pub async fn board_events(
 
 /// The version the stream resumes after: the one named (at most the board's), the board's
 /// own for `latest`, 0 (from the first write) when none is named.
-fn first_version(start: &Start, current: u64) -> Result<u64, ApiError> {
+fn first_version(
+    start: &Start,
+    current: u64,
+    secrets: &skillstate_core::secrets::Redactor,
+) -> Result<u64, ApiError> {
     if start.latest {
         return Ok(current);
     }
@@ -179,7 +183,7 @@ fn first_version(start: &Start, current: u64) -> Result<u64, ApiError> {
         _ => Err(ApiError::bad_request(format!(
             "{} `{}` is not a version of this board (it is at version {current}); send back the `id` of an event this stream sent, `latest` to start from now, or leave it out to start from the first write",
             start.named_by,
-            quoted(text)
+            quoted(text, secrets)
         ))),
     }
 }

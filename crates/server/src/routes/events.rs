@@ -31,6 +31,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 use skillstate_store::{EventKind, EventQuery, EventRecord, Store, StoreError};
 use tokio::sync::watch;
 use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, Schema, Type};
@@ -313,7 +315,7 @@ async fn stream(
             StoreError::BadEventPosition(position) => ApiError::bad_request(format!(
                 "{} `{}` is not an event position of this server; send back the `id` of an event this server sent, `latest` to start from now, or leave it out to start from the first event",
                 start.named_by,
-                quoted(&position)
+                quoted(&position, &state.secrets)
             )),
             other => other.into(),
         })?;
@@ -355,11 +357,14 @@ pub(super) fn sse_response(
     response
 }
 
-/// A refused position as quoted back: at most [`QUOTED_POSITION`] characters.
-pub(super) fn quoted(position: &str) -> String {
-    match position.char_indices().nth(QUOTED_POSITION) {
-        Some((end, _)) => format!("{}…", &position[..end]),
-        None => position.to_owned(),
+/// A refused position as quoted back (a header or parameter of the request: outside text):
+/// redacted, then at most [`QUOTED_POSITION`] characters.
+pub(super) fn quoted(position: &str, secrets: &Redactor) -> String {
+    let clipped = Outside::new(position).clipped_chars(secrets, QUOTED_POSITION);
+    if clipped.cut {
+        format!("{}…", clipped.text)
+    } else {
+        clipped.text
     }
 }
 

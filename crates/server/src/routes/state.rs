@@ -13,7 +13,7 @@ use skillstate_store::{StoreError, TaskState};
 use super::is_task_id;
 use crate::app::AppState;
 use crate::auth::{Caller, KeyedState};
-use crate::json::{parse_body, read_body};
+use crate::json::{parse_body_quoting, read_body};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, shown_state};
 
@@ -286,7 +286,7 @@ pub(crate) async fn read_patch(
         }
     };
     let body = read_body(request, state).await?;
-    let patch: Value = parse_body(&body, state.config.max_json_depth)?;
+    let patch: Value = parse_body_quoting(&body, state.config.max_json_depth, &state.secrets)?;
     match (expects, &patch) {
         (Some(true), Value::Object(_)) | (Some(false), Value::Array(_)) => {}
         (None, Value::Object(_) | Value::Array(_)) => {}

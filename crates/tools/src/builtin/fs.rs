@@ -17,6 +17,8 @@ use async_trait::async_trait;
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, OpenOptions};
 use serde_json::{Value, json};
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 use skillstate_core::{SideEffect, ToolSpec};
 
 use super::confine::{WorkDir, kind_name, not_regular, refusal};
@@ -122,15 +124,16 @@ impl Tool for FsTool {
         &self.spec
     }
 
-    async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let guard = CancelOnDrop(Cancel::default());
         let cancel = guard.0.clone();
         let (op, root, args) = (self.op, self.root.clone(), args.clone());
+        let secrets = Arc::clone(&ctx.secrets);
         let result = tokio::task::spawn_blocking(move || match op {
-            Op::Read => read(&root, &args, &cancel),
+            Op::Read => read(&root, &args, &cancel, &secrets),
             Op::Write => write(&root, &args),
             Op::List => list(&root, &args, &cancel),
-            Op::Search => search::search(&root, &args, &cancel),
+            Op::Search => search::search(&root, &args, &cancel, &secrets),
         })
         .await
         .map_err(|e| ToolError::Failed {
@@ -138,14 +141,22 @@ impl Tool for FsTool {
             message: format!("the file operation stopped unexpectedly: {e}"),
         })?;
         drop(guard);
+        // Names and lines of the work directory are outside text: whatever an operation cut
+        // was redacted before (paging.rs, search.rs); the whole answer is redacted here too.
+        let clean = |text: String| Outside::new(text).redacted(&ctx.secrets);
         Ok(match result {
-            Ok(text) => ToolOutput::success(text),
-            Err(text) => ToolOutput::failure(format!("Error: {text}")),
+            Ok(text) => ToolOutput::success(clean(text)),
+            Err(text) => ToolOutput::failure(format!("Error: {}", clean(text))),
         })
     }
 }
 
-fn read(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<String, String> {
+fn read(
+    root: &WorkDir,
+    args: &Value,
+    cancel: &Cancel,
+    secrets: &Redactor,
+) -> Result<String, String> {
     let given = text_arg(args, "path").unwrap_or_default();
     let located = root.locate(given, false)?;
     let (file, _) = root.open_regular(&located, given)?;
@@ -153,7 +164,7 @@ fn read(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<String, String>
         offset: args.get("offset").and_then(Value::as_u64),
         limit: args.get("limit").and_then(Value::as_u64),
     };
-    paging::read(file, given, page, paging::MAX_READ_BYTES, cancel)
+    paging::read(file, given, page, paging::MAX_READ_BYTES, cancel, secrets)
 }
 
 /// Writes through the handle of the target's directory: a temporary file created there
@@ -262,6 +273,7 @@ fn list(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<String, String>
     }
     entries.sort();
     let total = entries.len();
+    // Whole names are dropped, none is cut; the listing is redacted with the call's secrets.
     entries.truncate(MAX_LIST_SHOWN);
     let mut text = entries.join("\n");
     if total > MAX_LIST_SHOWN || more_unread {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use skillstate_core::outside::Outside;
 use skillstate_core::secrets::Redactor;
 pub use skillstate_core::skill::ShellSettings;
 use skillstate_core::{SideEffect, ToolSpec};
@@ -139,13 +140,25 @@ impl Captured {
         *stream = None;
     }
 
-    fn section(&self, name: &str) -> String {
-        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
+    /// The stream as the observation shows it: redacted, then cut to the cap (redaction may
+    /// lengthen it). What was kept of a stream cut at the cap may end inside a secret; that
+    /// piece is dropped with the rest (`Outside::cut_short`).
+    fn section(&self, name: &str, secrets: &Redactor) -> String {
+        let read = if self.dropped > 0 {
+            Outside::cut_short(&self.kept)
+        } else {
+            Outside::from_bytes(&self.kept)
+        };
+        let clipped = read.clipped(secrets, self.cap);
+        let mut text = clipped.text;
         if self.dropped > 0 {
             text.push_str(&format!(
                 "\n[{name} truncated: {} more bytes not shown]",
                 self.dropped
             ));
+        } else if clipped.cut {
+            // Redaction made it longer than the cap.
+            text.push_str(&format!("\n[{name} truncated at {} bytes]", self.cap));
         }
         text
     }
@@ -239,7 +252,7 @@ impl Tool for ShellTool {
         Some(self.timeout() + PROBE_TIMEOUT + AFTER_KILL * 3)
     }
 
-    async fn call(&self, args: &Value, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: &Value, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let command = args
             .get("command")
             .and_then(Value::as_str)
@@ -320,8 +333,8 @@ impl Tool for ShellTool {
         };
         let text = format!(
             "{head}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            ended.stdout.section("stdout"),
-            ended.stderr.section("stderr")
+            ended.stdout.section("stdout", &ctx.secrets),
+            ended.stderr.section("stderr", &ctx.secrets)
         );
         Ok(if ok {
             ToolOutput::success(text)

@@ -1,9 +1,14 @@
 //! `fs.read`: lines are streamed, so any offset in a file of any size works, and what one call
 //! returns is capped in bytes, with a last line saying which `offset` continues. Memory stays
 //! within the cap whatever the file holds (a skipped line is never buffered, a kept one only up
-//! to the cap).
+//! to the cap). What it read is an `Outside` until redacted: a line cut at the cap is redacted
+//! before it is cut (a secret across the cut leaves no piece), and the lines shown are redacted
+//! whole.
 
 use std::io::{self, BufRead, BufReader, Read};
+
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 
 use super::Cancel;
 use crate::builtin::confine::refusal;
@@ -25,6 +30,7 @@ pub(super) fn read(
     page: Page,
     cap: usize,
     cancel: &Cancel,
+    secrets: &Redactor,
 ) -> Result<String, String> {
     let io_error = |e: io::Error| refusal(given, &e);
     let whole = page.offset.is_none() && page.limit.is_none();
@@ -47,6 +53,8 @@ pub(super) fn read(
     let mut line = Vec::new();
     let mut shown = 0;
     let mut marker = None;
+    // The start of a single line longer than the cap, redacted and cut.
+    let mut long_line = None;
     while shown < limit {
         line.clear();
         let room = cap - out.len();
@@ -68,9 +76,14 @@ pub(super) fn read(
             ));
             break;
         }
-        // A single line longer than the whole cap: show its start.
-        let cut = utf8_prefix(&line[..room], number, given)?;
-        out.extend_from_slice(&line[..cut]);
+        // A single line longer than the whole cap: show its start, read as far as the cap
+        // allows (its rest is never read), redacted, then cut to the cap.
+        let valid = utf8_prefix(&line[..room], number, given)?;
+        let start = Outside::cut_short(&line[..valid])
+            .clipped(secrets, cap)
+            .text;
+        let cut = start.len();
+        long_line = Some(start);
         // The rest of that line is not scanned here (it may be huge, even endless in effect):
         // the next line, if there is one, is simply the next offset.
         marker = Some(format!(
@@ -91,8 +104,18 @@ pub(super) fn read(
             out.pop();
         }
     }
-    // Every kept line was checked, and a cut one was cut on a character boundary.
-    let mut text = String::from_utf8(out).map_err(|_| not_text(number, given))?;
+    // Every kept line was checked; a cut one is already redacted.
+    let mut text = match long_line {
+        Some(start) => start,
+        None => {
+            let lines = String::from_utf8(out).map_err(|_| not_text(number, given))?;
+            // Whole lines, redacted whole; when the cap stopped the page, a secret that went on
+            // past the last line shown (over a line break) leaves no piece either.
+            Outside::new(lines)
+                .followed_by_more(marker.is_some())
+                .redacted(secrets)
+        }
+    };
     if let Some(marker) = marker {
         if !text.is_empty() && !text.ends_with('\n') {
             text.push('\n');

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, File};
 use serde_json::Value;
+use skillstate_core::outside::Outside;
+use skillstate_core::secrets::Redactor;
 
 use super::{Cancel, text_arg};
 use crate::builtin::confine::{WorkDir, open_regular_in, refusal};
@@ -23,7 +25,12 @@ const MAX_TOTAL_BYTES: u64 = 64 * 1024 * 1024;
 /// A matching line longer than this is shown cut, with `…`.
 const MAX_HIT_CHARS: usize = 300;
 
-pub(super) fn search(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<String, String> {
+pub(super) fn search(
+    root: &WorkDir,
+    args: &Value,
+    cancel: &Cancel,
+    secrets: &Redactor,
+) -> Result<String, String> {
     let needle = text_arg(args, "text").unwrap_or_default();
     let given = text_arg(args, "path").unwrap_or(".");
     if needle.is_empty() {
@@ -37,6 +44,7 @@ pub(super) fn search(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<St
     let mut walk = Walk {
         needle,
         cancel,
+        secrets,
         hits: Vec::new(),
         entries: 0,
         bytes: 0,
@@ -69,6 +77,7 @@ pub(super) fn search(root: &WorkDir, args: &Value, cancel: &Cancel) -> Result<St
 struct Walk<'a> {
     needle: &'a str,
     cancel: &'a Cancel,
+    secrets: &'a Redactor,
     hits: Vec<String>,
     entries: usize,
     bytes: u64,
@@ -147,6 +156,7 @@ impl Walk<'_> {
         }
         let mut line = Vec::new();
         let mut number = 0;
+        let mut in_file = 0u64;
         loop {
             if self.cancel.check().is_err() {
                 self.stop("because the caller stopped waiting".into());
@@ -159,12 +169,16 @@ impl Walk<'_> {
             };
             number += 1;
             self.bytes += read;
+            in_file += read;
             let text = String::from_utf8_lossy(&line);
             if text.contains(self.needle) {
+                // The last line of a file read up to MAX_FILE_BYTES may stop inside a secret.
+                let cut = in_file >= MAX_FILE_BYTES && !line.ends_with(b"\n");
+                let hit = Outside::new(text.trim()).followed_by_more(cut);
                 self.hits.push(format!(
                     "{}:{number}: {}",
                     path.display(),
-                    clip(text.trim())
+                    clip(&hit, self.secrets)
                 ));
                 if self.hits.len() >= MAX_HITS {
                     self.stop(format!("after {MAX_HITS} matches"));
@@ -233,9 +247,12 @@ impl Walk<'_> {
     }
 }
 
-fn clip(line: &str) -> String {
-    match line.char_indices().nth(MAX_HIT_CHARS) {
-        Some((end, _)) => format!("{}…", &line[..end]),
-        None => line.to_owned(),
+/// A matching line, redacted, then cut to [`MAX_HIT_CHARS`].
+fn clip(line: &Outside, secrets: &Redactor) -> String {
+    let clipped = line.clipped_chars(secrets, MAX_HIT_CHARS);
+    if clipped.cut {
+        format!("{}…", clipped.text)
+    } else {
+        clipped.text
     }
 }
