@@ -33,6 +33,20 @@ fn in_dir(cwd: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `run SKILL --model MODEL --input INPUT EXTRA…` in `project`.
+fn run(project: &Path, skill: &Path, model: &str, input: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        skill.to_str().unwrap(),
+        "--model",
+        model,
+        "--input",
+        input,
+    ];
+    args.extend_from_slice(extra);
+    in_dir(project, &args)
+}
+
 /// A copy of code-investigator's procedure and state in `root/NAME/code-investigator` with
 /// `skill_toml`.
 fn skill(root: &Path, name: &str, skill_toml: &str) -> PathBuf {
@@ -101,19 +115,9 @@ fn a_shell_skill_run_from_a_project_gets_a_fresh_directory_and_no_database() {
             "sqlite3 ../../db/skillstate.db 'DROP TRIGGER task_specs_frozen' 2>&1; ls ../.. 2>&1; echo tried",
         ],
     );
-    let run = in_dir(
-        &project,
-        &[
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            &model,
-            "--input",
-            "Look around.",
-        ],
-    );
-    let (stdout, stderr) = (text(&run.stdout), text(&run.stderr));
-    assert!(run.status.success(), "{stdout}{stderr}");
+    let first = run(&project, &skill, &model, "Look around.", &[]);
+    let (stdout, stderr) = (text(&first.stdout), text(&first.stderr));
+    assert!(first.status.success(), "{stdout}{stderr}");
     assert!(
         stdout.contains("completed after 4 step(s)"),
         "{stdout}{stderr}"
@@ -155,17 +159,7 @@ fn a_shell_skill_run_from_a_project_gets_a_fresh_directory_and_no_database() {
         );
     }
     // Each task gets its own: a second run works in another directory.
-    let again = in_dir(
-        &project,
-        &[
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
-            &model,
-            "--input",
-            "Look around.",
-        ],
-    );
+    let again = run(&project, &skill, &model, "Look around.", &[]);
     assert!(again.status.success(), "{}", text(&again.stderr));
     let second = last_task(&project);
     assert_ne!(second, task);
@@ -193,18 +187,13 @@ fn no_work_directory_or_read_path_may_reach_the_database_or_the_configuration() 
     );
     let model = script(tmp.path(), &["true"]);
     let run_in = |work: &str, extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            skill.to_str().unwrap(),
-            "--model",
+        run(
+            &project,
+            &skill,
             &model,
-            "--input",
             "x",
-            "--work-dir",
-            work,
-        ];
-        args.extend_from_slice(extra);
-        in_dir(&project, &args)
+            &[&["--work-dir", work], extra].concat(),
+        )
     };
     // The project holds the data directory (and so the database's directory).
     std::fs::create_dir_all(project.join(".skillstate/db")).unwrap();
@@ -323,17 +312,7 @@ fn a_skill_names_only_directories_the_operator_allowed() {
     assert!(out.status.success(), "{}", text(&out.stdout));
     // The run refuses it as validate does.
     let model = script(tmp.path(), &[]);
-    let out = in_dir(
-        &project,
-        &[
-            "run",
-            absolute.to_str().unwrap(),
-            "--model",
-            &model,
-            "--input",
-            "x",
-        ],
-    );
+    let out = run(&project, &absolute, &model, "x", &[]);
     assert!(
         !out.status.success() && text(&out.stderr).contains("lies outside every work root"),
         "{}",
@@ -379,17 +358,7 @@ fn a_skill_names_only_directories_the_operator_allowed() {
         tmp.path(),
         &["cat start.txt; echo changed > start.txt; touch new.txt"],
     );
-    let out = in_dir(
-        &project,
-        &[
-            "run",
-            seeded.to_str().unwrap(),
-            "--model",
-            &model,
-            "--input",
-            "x",
-        ],
-    );
+    let out = run(&project, &seeded, &model, "x", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let task = last_task(&project);
     assert!(result_of(&project, &task, 1).contains("from the seed"));
@@ -462,17 +431,7 @@ fn a_stored_skill_changed_behind_skillstates_back_stops_its_task() {
     )
     .unwrap();
     let model = format!("scripted:{}", script.display());
-    let out = in_dir(
-        &project,
-        &[
-            "run",
-            dir.to_str().unwrap(),
-            "--model",
-            &model,
-            "--input",
-            "x",
-        ],
-    );
+    let out = run(&project, &dir, &model, "x", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let task = last_task(&project);
     // What a command with write access to the file could do: drop the trigger, flip readOnly.

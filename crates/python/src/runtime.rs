@@ -741,7 +741,18 @@ impl Task {
                 dict.set_item("tool", &intent.tool)?;
                 dict.set_item("side_effect", &intent.side_effect)?;
                 dict.set_item("done", intent.done)?;
+                // `ok` is None while pending and when a crash left the outcome unknown;
+                // `action_outcome` tells the two apart.
                 dict.set_item("ok", intent.ok)?;
+                dict.set_item(
+                    "action_outcome",
+                    match intent.outcome() {
+                        skillstate_store::ActionOutcome::Pending => "pending",
+                        skillstate_store::ActionOutcome::Succeeded => "succeeded",
+                        skillstate_store::ActionOutcome::Failed => "failed",
+                        skillstate_store::ActionOutcome::Unknown => "unknown",
+                    },
+                )?;
                 dict.set_item("result", intent.result.as_deref())?;
             }
             rows.push(dict);
