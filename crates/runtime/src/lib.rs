@@ -31,7 +31,10 @@ pub use lineage::{JournalCheck, fork_task, verify_journal};
 pub use rate::SharedRateLimit;
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
-pub use state_write::{StateWrite, StateWriteError, Written, write_state, write_state_read};
+pub use state_write::{
+    PatchCheck, StateWrite, StateWriteError, Written, check_patch_ahead, write_state,
+    write_state_read,
+};
 pub use step_loop::Runner;
 pub use task_start::{
     NoProgress, RunObserver, RunOutcome, TaskOptions, prepare_task, start_board_task, start_task,

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use skillstate_core::{Rejection, StateSchema, validate_patch};
+use skillstate_core::{AcceptedPatch, Rejection, StateSchema, validate_patch};
 use skillstate_store::{
     JournalEntry, LeaseInfo, LeasedWrite, StepCommit, Store, StoreError, TaskRecord, TaskState,
     Verdict,
@@ -45,6 +45,37 @@ pub struct StateWrite<'a> {
     pub patch: &'a Value,
     /// Who writes, recorded in the journal (an API key id).
     pub author: &'a str,
+    /// The patch checked ahead (`check_patch_ahead`), where the caller chose to spend the CPU;
+    /// used only for the task and version it was made for, else the write checks it itself.
+    pub checked: Option<&'a PatchCheck>,
+}
+
+/// The CPU-heavy half of a state write — the task's schema compiled, the patch checked against
+/// its state (shape, read-only locations, schema, budget) — made ahead of the write, on whatever
+/// thread the caller likes: the service makes it off its async workers, under its work
+/// deadline, and abandons it at the deadline (it writes nothing). The write then only reads,
+/// checks versions and pending actions in their usual order, and commits.
+#[derive(Debug, Clone)]
+pub struct PatchCheck {
+    task: String,
+    version: u64,
+    outcome: Result<AcceptedPatch, Vec<Rejection>>,
+}
+
+/// Checks `patch` against `task` as its write will (see [`PatchCheck`]).
+pub fn check_patch_ahead(task: &TaskState, patch: &Value) -> Result<PatchCheck, StateWriteError> {
+    let schema = compiled_schema(task)?;
+    Ok(PatchCheck {
+        task: task.id.clone(),
+        version: task.version,
+        outcome: validate_patch(
+            &schema,
+            task.state_tokens,
+            &task.state,
+            patch,
+            &schema.whole_view(),
+        ),
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,15 +323,23 @@ async fn prepare(
             what,
         });
     }
-    let schema = compiled_schema(task)?;
-    let accepted = validate_patch(
-        &schema,
-        task.state_tokens,
-        &task.state,
-        write.patch,
-        &schema.whole_view(),
-    )
-    .map_err(|rejections| StateWriteError::Rejected { rejections })?;
+    let ahead = write
+        .checked
+        .filter(|check| check.task == task.id && check.version == task.version);
+    let outcome = match ahead {
+        Some(check) => check.outcome.clone(),
+        None => {
+            let schema = compiled_schema(task)?;
+            validate_patch(
+                &schema,
+                task.state_tokens,
+                &task.state,
+                write.patch,
+                &schema.whole_view(),
+            )
+        }
+    };
+    let accepted = outcome.map_err(|rejections| StateWriteError::Rejected { rejections })?;
     let step = task.version + 1;
     // The observation the next model step would have read, plus a note; it opens the step
     // after this one.

@@ -39,6 +39,7 @@ fn write<'a>(task: &'a str, if_match: u64, patch: &'a serde_json::Value) -> Stat
         if_match,
         patch,
         author: "key-1",
+        checked: None,
     }
 }
 
@@ -167,6 +168,7 @@ async fn twenty_racing_writes_with_one_version_make_one_step() {
                     if_match: 0,
                     patch: &patch,
                     author: &format!("key-{i}"),
+                    checked: None,
                 },
             )
             .await

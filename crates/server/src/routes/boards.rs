@@ -417,12 +417,22 @@ pub async fn patch_board_state(
             ),
         });
     }
-    let schema = StateSchema::compile(board.schema.clone()).map_err(|defect| {
-        ApiError::Internal(format!(
-            "board {}: the stored schema does not compile at {}: {}",
-            board.id, defect.pointer, defect.message
-        ))
-    })?;
+    // Compiling the schema and checking the patch are the CPU-heavy part: off the async
+    // workers, under the work deadline (abandoned then; they write nothing).
+    let stored = board.schema.clone();
+    let schema = state
+        .offload
+        .run("compiling the board's schema", async move {
+            StateSchema::compile(stored)
+        })
+        .await?
+        .map_err(|defect| {
+            ApiError::Internal(format!(
+                "board {}: the stored schema does not compile at {}: {}",
+                board.id, defect.pointer, defect.message
+            ))
+        })?;
+    let schema = std::sync::Arc::new(schema);
     // The state the patch was computed on, for the rebase of a stale write.
     let base = if if_match == board.version {
         board.state.clone()
@@ -453,12 +463,21 @@ pub async fn patch_board_state(
                 }
             }
         };
-        let reader = match &caller.scope {
-            Some(scope) => schema.view_of(&scope.reads),
-            None => schema.whole_view(),
+        let checked = {
+            let (schema, current, patch) = (schema.clone(), board.state.clone(), patch.clone());
+            let reads = caller.scope.as_ref().map(|scope| scope.reads.clone());
+            state
+                .offload
+                .run("checking the patch", async move {
+                    let reader = match &reads {
+                        Some(reads) => schema.view_of(reads),
+                        None => schema.whole_view(),
+                    };
+                    validate_patch(&schema, BOARD_STATE_TOKENS, &current, &patch, &reader)
+                })
+                .await?
         };
-        let accepted = validate_patch(&schema, BOARD_STATE_TOKENS, &board.state, &patch, &reader)
-            .map_err(|rejections| {
+        let accepted = checked.map_err(|rejections| {
             refused(
                 "the patch was refused by the board's state rules",
                 &rejections,

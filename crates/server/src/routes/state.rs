@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use skillstate_core::validate::Document;
-use skillstate_runtime::{StateWrite, StateWriteError, write_state_read};
+use skillstate_runtime::{StateWrite, StateWriteError, check_patch_ahead, write_state_read};
 use skillstate_store::{StoreError, TaskState};
 
 use super::is_task_id;
@@ -193,13 +193,31 @@ pub async fn patch_state(
     let task = owned_state(&state, &caller, &id, keyed).await?;
     let if_match = if_match_version(request.headers())?;
     let patch = read_patch(request, &state, "state").await?;
-    let write = StateWrite {
-        task: &task.id,
-        if_match,
-        patch: &patch,
-        author: &caller.key_id,
+    // The CPU-heavy half (schema compiled, patch checked) off the async workers, under the work
+    // deadline; abandoned at the deadline, it writes nothing.
+    let checked = {
+        let (task, patch) = (task.clone(), patch.clone());
+        state
+            .offload
+            .run("checking the patch", async move {
+                check_patch_ahead(&task, &patch)
+            })
+            .await?
     };
-    let written = match write_state_read(&state.store, &task, &write).await {
+    let written = match checked {
+        Ok(checked) => {
+            let write = StateWrite {
+                task: &task.id,
+                if_match,
+                patch: &patch,
+                author: &caller.key_id,
+                checked: Some(&checked),
+            };
+            write_state_read(&state.store, &task, &write).await
+        }
+        Err(error) => Err(error),
+    };
+    let written = match written {
         Ok(written) => written,
         Err(error) => {
             // Whatever the error repeats of the state or the patch is redacted as the task's.
