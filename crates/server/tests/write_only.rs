@@ -17,7 +17,8 @@ use skillstate_providers::{
 };
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
 use skillstate_server::{
-    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, TaskFactory, check_initial_state,
+    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, ServicePolicy, TaskFactory,
+    check_initial_state,
 };
 use skillstate_store::{EventQuery, NewTask, TaskStatus};
 use skillstate_tools::UserRequest;
@@ -151,7 +152,9 @@ async fn write_only_values_reach_the_model_and_leave_the_service_nowhere() {
         events_poll: Duration::from_millis(20),
         ..ServerConfig::default()
     };
-    let state = AppState::with_config(store.clone(), Arc::new(VaultFactory), config);
+    // The operator allows the test's scripted model by name.
+    let state = AppState::with_config(store.clone(), Arc::new(VaultFactory), config)
+        .with_policy(ServicePolicy::default().with_models(["scripted".to_owned()]));
     let harness = Harness {
         db,
         state: state.clone(),

@@ -1332,8 +1332,8 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 9,
-        Backend::Postgres => 9,
+        Backend::Sqlite => 10,
+        Backend::Postgres => 10,
     }
 }
 
