@@ -237,9 +237,9 @@ fn no_work_directory_or_read_path_may_reach_the_database_or_the_configuration() 
         !out.status.success() && stderr.contains("contains the configuration file"),
         "{stderr}"
     );
-    // A refused run stores no task.
-    let tasks = text(&in_dir(&project, &["tasks"]).stdout);
-    assert!(tasks.lines().count() <= 1, "{tasks}");
+    // A refused run stores nothing: it is refused before any database is opened.
+    assert!(!project.join(".skillstate/db/skillstate.db").exists());
+    assert!(!db.exists());
     // A subdirectory of the project apart from both is fine.
     let out = run_in("src", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));

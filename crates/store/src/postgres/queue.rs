@@ -118,23 +118,34 @@ async fn insert_queued(
     Ok(())
 }
 
+/// The batch's row, open, as `create_batch` and `submit_batch` write it.
+async fn insert_batch<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    id: &str,
+    batch: &NewBatch,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO batches (id, name, spec, on_error, max_retry, requests_per_minute, tokens_per_minute, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'open', $8)",
+    )
+    .bind(id)
+    .bind(&batch.name)
+    .bind(to_json(&batch.spec))
+    .bind(on_error_str(batch.on_error))
+    .bind(i64::from(batch.max_retry))
+    .bind(batch.rate_limit.requests_per_minute.map(i64::from))
+    .bind(batch.rate_limit.tokens_per_minute.map(|n| n.min(i64::MAX as u64) as i64))
+    .bind(now)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
 #[async_trait]
 impl Queue for PostgresStore {
     async fn create_batch(&self, batch: &NewBatch) -> Result<BatchRecord> {
         let id = uuid::Uuid::now_v7().to_string();
-        sqlx::query(
-            "INSERT INTO batches (id, name, spec, on_error, max_retry, requests_per_minute, tokens_per_minute, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'open', $8)",
-        )
-        .bind(&id)
-        .bind(&batch.name)
-        .bind(to_json(&batch.spec))
-        .bind(on_error_str(batch.on_error))
-        .bind(i64::from(batch.max_retry))
-        .bind(batch.rate_limit.requests_per_minute.map(i64::from))
-        .bind(batch.rate_limit.tokens_per_minute.map(|n| n.min(i64::MAX as u64) as i64))
-        .bind(now_millis())
-        .execute(&self.pool)
-        .await?;
+        insert_batch(&self.pool, &id, batch, now_millis()).await?;
         self.batch(&id).await
     }
 
@@ -172,19 +183,7 @@ impl Queue for PostgresStore {
         // One transaction: dropped on any early return (an error, the feed's or a statement's),
         // it rolls back, and a process that dies leaves nothing committed.
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO batches (id, name, spec, on_error, max_retry, requests_per_minute, tokens_per_minute, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'open', $8)",
-        )
-        .bind(&id)
-        .bind(&batch.name)
-        .bind(to_json(&batch.spec))
-        .bind(on_error_str(batch.on_error))
-        .bind(i64::from(batch.max_retry))
-        .bind(batch.rate_limit.requests_per_minute.map(i64::from))
-        .bind(batch.rate_limit.tokens_per_minute.map(|n| n.min(i64::MAX as u64) as i64))
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        insert_batch(&mut *tx, &id, batch, now).await?;
         let mut all = Vec::new();
         loop {
             let mut chunk = Vec::with_capacity(SUBMIT_CHUNK);
