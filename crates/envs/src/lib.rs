@@ -9,6 +9,7 @@ pub mod params;
 pub mod repository;
 pub mod rng;
 pub mod warehouse;
+pub mod warehouse_archive;
 
 use serde_json::{Value, json};
 use skillstate_core::skill::EnvironmentSettings;
@@ -18,6 +19,7 @@ use skillstate_tools::{Environment, EnvironmentError};
 /// Names of the built-in environments.
 pub const ENVIRONMENTS: &[&str] = &[
     warehouse::KIND,
+    warehouse_archive::KIND,
     repository::KIND,
     admin_panel::KIND,
     bugfix::coder::KIND,
@@ -30,6 +32,7 @@ pub const ENVIRONMENTS: &[&str] = &[
 pub fn parameters(kind: &str) -> &'static [params::ParamSpec] {
     match kind {
         warehouse::KIND => warehouse::PARAMETERS,
+        warehouse_archive::KIND => warehouse_archive::PARAMETERS,
         repository::KIND => repository::PARAMETERS,
         admin_panel::KIND => admin_panel::PARAMETERS,
         bugfix::coder::KIND | bugfix::reviewer::KIND => bugfix::PARAMETERS,
@@ -72,6 +75,9 @@ pub fn build_environment(
     match settings.kind.as_str() {
         warehouse::KIND => Ok(Box::new(warehouse::Warehouse::new(
             warehouse::WarehouseConfig::from_params(&settings.params)?,
+        ))),
+        warehouse_archive::KIND => Ok(Box::new(warehouse_archive::WarehouseArchive::new(
+            warehouse_archive::ArchiveConfig::from_params(&settings.params)?,
         ))),
         repository::KIND => Ok(Box::new(repository::Repository::new(
             repository::RepositoryConfig::from_params(&settings.params)?,

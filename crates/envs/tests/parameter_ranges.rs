@@ -136,6 +136,23 @@ fn the_extremes_of_the_warehouse_build() {
     }
 }
 
+/// The warehouse archive at its extremes: the longest run on the fewest and on the most shelves.
+#[test]
+fn the_extremes_of_the_archive_build() {
+    for params in [
+        json!({"events": 100_000}),
+        json!({"events": 100_000, "shelves": 2}),
+        json!({"events": 100_000, "shelves": 100_000}),
+        json!({"events": 1, "shelves": 100_000}),
+    ] {
+        let settings = EnvironmentSettings {
+            kind: skillstate_envs::warehouse_archive::KIND.into(),
+            params: params.as_object().cloned().unwrap_or_default(),
+        };
+        check(&settings).unwrap();
+    }
+}
+
 #[test]
 fn the_tables_name_each_parameter_once_and_the_paths_are_operator_only() {
     for kind in ENVIRONMENTS {

@@ -9,6 +9,7 @@ mod bugfix_reviewer;
 mod repository;
 mod view;
 mod warehouse;
+mod warehouse_archive;
 
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ pub use view::{PromptView, TurnView, read_prompt};
 pub fn answer(kind: &str, prompt: &str) -> Option<String> {
     match kind {
         crate::warehouse::KIND => Some(warehouse::answer(prompt)),
+        crate::warehouse_archive::KIND => Some(warehouse_archive::answer(prompt)),
         crate::repository::KIND => Some(repository::answer(prompt)),
         crate::admin_panel::KIND => Some(admin_panel::answer(prompt)),
         crate::bugfix::coder::KIND => Some(bugfix_coder::answer(prompt)),
@@ -35,6 +37,7 @@ pub fn answer(kind: &str, prompt: &str) -> Option<String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Warehouse,
+    WarehouseArchive,
     Repository,
     AdminPanel,
     BugfixCoder,
@@ -52,6 +55,9 @@ impl OracleModel {
         match kind {
             crate::warehouse::KIND => Ok(Self {
                 kind: Kind::Warehouse,
+            }),
+            crate::warehouse_archive::KIND => Ok(Self {
+                kind: Kind::WarehouseArchive,
             }),
             crate::repository::KIND => Ok(Self {
                 kind: Kind::Repository,
@@ -84,6 +90,7 @@ impl ModelProvider for OracleModel {
         let prompt = request.prompt.text();
         let text = match self.kind {
             Kind::Warehouse => warehouse::answer(&prompt),
+            Kind::WarehouseArchive => warehouse_archive::answer(&prompt),
             Kind::Repository => repository::answer(&prompt),
             Kind::AdminPanel => admin_panel::answer(&prompt),
             Kind::BugfixCoder => bugfix_coder::answer(&prompt),

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use super::view::{PromptView, history_lines, read_prompt, relevant_lines};
 
 /// What the oracle believes is on each shelf.
-type Inventory = BTreeMap<String, String>;
+pub(super) type Inventory = BTreeMap<String, String>;
 
 pub fn answer(prompt: &str) -> String {
     let view = read_prompt(prompt);
@@ -50,7 +50,7 @@ fn starting_belief(view: &PromptView<'_>) -> Inventory {
 }
 
 /// The latest observation's result lines (what the previous action did) and alert lines.
-fn split_latest(latest: &str) -> (Vec<&str>, Vec<&str>) {
+pub(super) fn split_latest(latest: &str) -> (Vec<&str>, Vec<&str>) {
     relevant_lines(latest).into_iter().partition(|l| {
         l.starts_with("Success:")
             || l.starts_with("Error:")
@@ -59,7 +59,7 @@ fn split_latest(latest: &str) -> (Vec<&str>, Vec<&str>) {
     })
 }
 
-fn words(line: &str) -> Vec<&str> {
+pub(super) fn words(line: &str) -> Vec<&str> {
     line.split_whitespace()
         .map(|w| w.trim_end_matches(['.', ',', ';']))
         .collect()
@@ -70,7 +70,7 @@ fn forget_item(belief: &mut Inventory, item: &str) {
 }
 
 /// Updates the belief with one line's facts; lines without facts change nothing.
-fn apply_fact(line: &str, belief: &mut Inventory) {
+pub(super) fn apply_fact(line: &str, belief: &mut Inventory) {
     let w = words(line);
     match w.as_slice() {
         ["Success:", "Stored", item, "on", shelf] => {
