@@ -198,7 +198,7 @@ pub async fn run_one(ctx: &JobContext, spec: &RunSpec) -> Result<RunResult, Benc
 }
 
 /// The message of a task outcome that did not complete (`reason` when it has no message).
-fn failure_reason(outcome: Option<&Value>) -> String {
+pub(crate) fn failure_reason(outcome: Option<&Value>) -> String {
     let Some(outcome) = outcome else {
         return "stopped without an outcome".to_owned();
     };

@@ -2,6 +2,7 @@
 //! events, measures score and tokens from the journal, and reports the comparison the way the
 //! SKILL.state paper does (Table 1 shape, scaling fits, a prompt-size chart).
 
+pub mod archive;
 pub mod board;
 mod chart;
 mod job;

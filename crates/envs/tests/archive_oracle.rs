@@ -172,7 +172,7 @@ async fn with_recall_the_oracle_handles_every_event_of_a_long_run() {
     assert!(played.recalls > 300, "{} recalls", played.recalls);
     assert_eq!(played.outcome["other_actions"], played.recalls);
     // The index stayed bounded, nothing is left pending.
-    assert_eq!(played.state["recent"].as_object().unwrap().len(), 32);
+    assert_eq!(played.state["recent"].as_object().unwrap().len(), 16);
     assert!(played.state.get("pending").is_none(), "{}", played.state);
     assert!(played.max_prompt < 4_000, "{} tokens", played.max_prompt);
 }

@@ -3,6 +3,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use skillstate_bench::archive::{
+    ARCHIVE_KIND, ArchiveConfig, Arm, DEFAULT_ARCHIVE_BUDGET, load_skill, run_archive,
+    write_archive_outputs,
+};
 use skillstate_bench::long_task::{
     CURVE_MAX_STEPS, CURVE_MIN_STEPS, CurveConfig, CurveModel, run_curve,
 };
@@ -55,10 +59,23 @@ pub struct BenchArgs {
     /// With --long-task: commit with synchronous=NORMAL instead of FULL.
     #[arg(long, requires = "long_task")]
     normal_sync: bool,
+    /// The warehouse-archive workload (skills/warehouse-archive: 5,000 shelves, facts that
+    /// outgrow the state): state+recall against state alone, window and summary at the same
+    /// budget (--budget, default 4000). Default horizons 1000; archive.json, archive.md and
+    /// archive_prompt_tokens.svg in --out.
+    #[arg(long, conflicts_with_all = ["long_task", "noise", "drift", "strategies"])]
+    archive: bool,
+    /// With --archive: the arms to run (default all: state+recall, state, window, summary).
+    #[arg(long, value_delimiter = ',', value_parser = parse_arm, requires = "archive")]
+    arms: Option<Vec<Arm>>,
 }
 
 /// Most seeds one bench runs: every seed is a run in every cell of the table.
 const MAX_SEEDS: u64 = 10_000;
+
+fn parse_arm(name: &str) -> Result<Arm, String> {
+    Arm::parse(name).ok_or_else(|| format!("unknown arm `{name}`; use: {}", Arm::NAMES.join(", ")))
+}
 
 fn parse_strategy(name: &str) -> Result<ContextStrategy, String> {
     ContextStrategy::parse(name).ok_or_else(|| {
@@ -70,10 +87,22 @@ fn parse_strategy(name: &str) -> Result<ContextStrategy, String> {
 }
 
 pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
+    let archive = args.archive || args.environment == ARCHIVE_KIND;
+    if archive && !matches!(args.environment.as_str(), "warehouse" | ARCHIVE_KIND) {
+        bail!(
+            "--archive is the warehouse's archive workload: run `bench warehouse --archive` (not `{}`)",
+            args.environment
+        );
+    }
+    let default_skill = if archive {
+        ARCHIVE_KIND
+    } else {
+        args.environment.as_str()
+    };
     let skill_dir = args
         .skill
         .clone()
-        .unwrap_or_else(|| PathBuf::from("skills").join(&args.environment));
+        .unwrap_or_else(|| PathBuf::from("skills").join(default_skill));
     if !skill_dir.join("SKILL.md").is_file() {
         bail!(
             "no skill for environment `{}` at {}; run from the repository root or pass --skill <dir>",
@@ -86,6 +115,9 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
     }
     if !(1..=MAX_SEEDS).contains(&args.seeds) {
         bail!("--seeds must be from 1 to {MAX_SEEDS} (each seed is one run per cell)");
+    }
+    if archive {
+        return archive_bench(config_path, &skill_dir, &args);
     }
     let horizons = args.horizons.clone().unwrap_or_else(|| {
         if args.drift || args.noise.iter().any(|n| *n > 0) {
@@ -158,6 +190,73 @@ pub fn run(config_path: Option<&Path>, args: BenchArgs) -> Result<ExitCode> {
     if failed > 0 {
         errln!(
             "{failed} of {} runs did not complete (see `failure` in results.json)",
+            report.runs.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Most events an archive run may have (the environment's own limit).
+const MAX_ARCHIVE_EVENTS: u32 = 100_000;
+
+/// `--archive`: the warehouse-archive comparison.
+fn archive_bench(
+    config_path: Option<&Path>,
+    skill_dir: &Path,
+    args: &BenchArgs,
+) -> Result<ExitCode> {
+    let horizons = args.horizons.clone().unwrap_or_else(|| vec![1_000]);
+    if horizons.is_empty()
+        || horizons
+            .iter()
+            .any(|h| !(1..=MAX_ARCHIVE_EVENTS).contains(h))
+    {
+        bail!("--horizons must list numbers of events from 1 to {MAX_ARCHIVE_EVENTS}");
+    }
+    let skill = load_skill(skill_dir)?;
+    let file_config = load_config(config_path)?;
+    let default_model = args.model.model.is_none().then_some("oracle");
+    let (spec, settings) = args.model.resolve(&file_config, default_model)?;
+    let model = if spec == "oracle" {
+        None
+    } else {
+        Some(build_model(&spec, &settings, Some(ARCHIVE_KIND))?)
+    };
+    let config = ArchiveConfig {
+        horizons,
+        seeds: (0..args.seeds).collect(),
+        arms: args.arms.clone().unwrap_or_else(|| Arm::ALL.to_vec()),
+        budget: args.budget.unwrap_or(DEFAULT_ARCHIVE_BUDGET),
+        model: spec,
+        state_tokens: skill.settings().budgets.state_tokens,
+        jobs: args.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+    };
+    let total = config.specs().len();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let report = run_archive(skill_dir, &config, model, &|done, _| {
+        bar.set_position(done as u64)
+    })
+    .context("bench warehouse --archive")?;
+    bar.finish_and_clear();
+    out!("{}", report.table());
+    let written = write_archive_outputs(&report, &args.out)?;
+    outln!();
+    for path in written {
+        outln!("wrote {}", path.display());
+    }
+    let failed = report.runs.iter().filter(|r| !r.completed()).count();
+    if failed > 0 {
+        errln!(
+            "{failed} of {} runs did not complete (see `failure` in archive.json)",
             report.runs.len()
         );
         return Ok(ExitCode::FAILURE);

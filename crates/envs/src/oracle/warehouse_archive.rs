@@ -3,8 +3,8 @@
 //! the state block and the latest observation, which after a recall is the recall's result.
 //!
 //! With a state block (strategies `state` and `stateful`) it keeps the skill's state: a bounded
-//! index `recent` of item → {shelf, event} for the latest stores and moves (the entry of the
-//! oldest event is evicted when it is full), `pending` for the alert awaiting a recall answer, and counters. An order or
+//! index `recent` of item → shelf for the latest stores and moves (the first-listed entry is
+//! deleted when it is full), `pending` for the alert awaiting a recall answer, and counters. An order or
 //! a maintenance alert whose item is not in the index is recorded as pending and looked up
 //! with `recall` (the journal's actions that name the item or shelf, newest first); the next
 //! step answers it from the result. Without the recall tool it cannot know, and waits.
@@ -18,9 +18,9 @@ use super::view::{PromptView, history_lines, read_prompt, relevant_lines};
 use super::warehouse::{Inventory, apply_fact, split_latest, words};
 
 /// Entries of the recent-moves index when the prompt's schema does not say.
-const DEFAULT_RECENT: usize = 32;
+const DEFAULT_RECENT: usize = 16;
 /// Hits a recall asks for: the newest warehouse action naming the subject decides.
-const RECALL_LIMIT: u64 = 5;
+const RECALL_LIMIT: u64 = 3;
 
 pub fn answer(prompt: &str) -> String {
     let view = read_prompt(prompt);
@@ -99,17 +99,10 @@ fn recent_limit(prompt: &str) -> usize {
         .map_or(DEFAULT_RECENT, |n| n as usize)
 }
 
-/// One entry of the recent-moves index: where an item was put, at which event.
-#[derive(Debug, Clone)]
-struct Entry {
-    item: String,
-    shelf: String,
-    event: u64,
-}
-
 /// The state's parts the oracle reads and patches.
 struct Memory {
-    recent: Vec<Entry>,
+    /// item → shelf, in the order the state lists them.
+    recent: Vec<(String, String)>,
     limit: usize,
     pending: Option<Value>,
     counters: Map<String, Value>,
@@ -126,13 +119,7 @@ impl Memory {
                 .and_then(Value::as_object)
                 .map(|m| {
                     m.iter()
-                        .filter_map(|(item, v)| {
-                            Some(Entry {
-                                item: item.clone(),
-                                shelf: v.get("shelf")?.as_str()?.to_owned(),
-                                event: v.get("event").and_then(Value::as_u64).unwrap_or(0),
-                            })
-                        })
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
                         .collect()
                 })
                 .unwrap_or_default(),
@@ -148,69 +135,44 @@ impl Memory {
         }
     }
 
-    /// The number of the event being handled (1 for the first).
-    fn event(&self) -> u64 {
-        self.counters
-            .get("events")
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-            + 1
-    }
-
     fn shelf_of(&self, item: &str) -> Option<String> {
         self.recent
             .iter()
-            .find(|e| e.item == item)
-            .map(|e| e.shelf.clone())
+            .find(|(i, _)| i == item)
+            .map(|(_, s)| s.clone())
     }
 
     fn item_on(&self, shelf: &str) -> Option<String> {
         self.recent
             .iter()
-            .find(|e| e.shelf == shelf)
-            .map(|e| e.item.clone())
+            .find(|(_, s)| s == shelf)
+            .map(|(i, _)| i.clone())
     }
 
     fn forget(&mut self, item: &str) {
-        if let Some(at) = self.recent.iter().position(|e| e.item == item) {
+        if let Some(at) = self.recent.iter().position(|(i, _)| i == item) {
             self.recent.remove(at);
             self.recent_patch.insert(item.to_owned(), Value::Null);
         }
     }
 
-    /// Records that `item` is now on `shelf`, evicting the entry of the oldest event when the
-    /// index is full.
+    /// Records that `item` is now on `shelf`: in place when indexed, else as a new entry,
+    /// deleting the first-listed entry when the index is full.
     fn remember(&mut self, item: &str, shelf: &str) {
         // Whatever the index thought was on that shelf has left it.
         if let Some(other) = self.item_on(shelf).filter(|i| i != item) {
             self.forget(&other);
         }
-        let event = self.event();
-        if let Some(entry) = self.recent.iter_mut().find(|e| e.item == item) {
-            entry.shelf = shelf.to_owned();
-            entry.event = event;
+        if let Some(entry) = self.recent.iter_mut().find(|(i, _)| i == item) {
+            entry.1 = shelf.to_owned();
         } else {
             while self.recent.len() >= self.limit {
-                let Some(oldest) = self
-                    .recent
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, e)| e.event)
-                    .map(|(at, _)| at)
-                else {
-                    break;
-                };
-                let evicted = self.recent.remove(oldest);
-                self.recent_patch.insert(evicted.item, Value::Null);
+                let (first, _) = self.recent.remove(0);
+                self.recent_patch.insert(first, Value::Null);
             }
-            self.recent.push(Entry {
-                item: item.to_owned(),
-                shelf: shelf.to_owned(),
-                event,
-            });
+            self.recent.push((item.to_owned(), shelf.to_owned()));
         }
-        self.recent_patch
-            .insert(item.to_owned(), json!({"shelf": shelf, "event": event}));
+        self.recent_patch.insert(item.to_owned(), json!(shelf));
     }
 
     fn count(&mut self, name: &str) {

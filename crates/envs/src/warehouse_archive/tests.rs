@@ -58,9 +58,9 @@ fn events_are_deterministic_consistent_and_mostly_about_the_distant_past() {
         let share = n as f64 / a.len() as f64 * 100.0;
         assert!((share - percent as f64).abs() < 4.0, "{share} vs {percent}");
     }
-    // A 32-entry index of recent moves would know the item of fewer than one in four orders
-    // and maintenance alerts: most name something last touched over 32 events ago.
-    let old = ages.iter().filter(|age| **age > 32).count();
+    // A 16-entry index of recent moves would know the item of fewer than one in four orders
+    // and maintenance alerts: most name something last touched over 16 events ago.
+    let old = ages.iter().filter(|age| **age > 16).count();
     assert!(old * 4 > ages.len() * 3, "{old} of {} are old", ages.len());
     // Alerts never say what the agent must remember.
     for event in &a {
