@@ -8,6 +8,7 @@ pub mod output_schema;
 pub mod outside;
 pub mod patch;
 pub mod prompt;
+pub mod recall;
 pub mod schema;
 mod schema_graph;
 pub mod schema_guard;

@@ -14,6 +14,7 @@ mod lineage;
 pub mod metrics;
 mod pauses;
 mod rate;
+pub mod recall;
 mod recovery;
 mod select;
 mod state_write;
@@ -29,6 +30,7 @@ pub use frame::{TaskFrame, rebuild_prompt};
 pub use lease::LeasePolicy;
 pub use lineage::{JournalCheck, fork_task, verify_journal};
 pub use rate::SharedRateLimit;
+pub use recall::{RecallPage, RecallReader, RecallTool, available_tools, with_recall};
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
 pub use state_write::{

@@ -46,6 +46,11 @@ async fn replay_world(
         else {
             continue;
         };
+        if name == skillstate_core::recall::RECALL_TOOL {
+            // Reads the journal, changes nothing in the world; the world saw it happen.
+            env.after_action();
+            continue;
+        }
         let tool = find_tool(&tools, &name).ok_or_else(|| RuntimeError::MissingTool {
             task: task.id.clone(),
             tool: name.clone(),

@@ -23,7 +23,7 @@ impl Runner<'_> {
         if let Some(checkpoint) = &task.env_checkpoint {
             self.env.restore(checkpoint)?;
         }
-        let env_tools = self.env.tools();
+        let env_tools = crate::recall::with_recall(self.env.tools(), &self.store, &task);
         self.settle_pause(&task, &intent, PauseDecision::Approve, None, &env_tools)
             .await?;
         self.run_held(&task.id).await

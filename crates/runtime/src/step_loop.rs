@@ -211,7 +211,7 @@ impl<'a> Runner<'a> {
         if let Some(checkpoint) = &task.env_checkpoint {
             self.env.restore(checkpoint)?;
         }
-        let env_tools = self.env.tools();
+        let env_tools = crate::recall::with_recall(self.env.tools(), &self.store, &task);
         for spec in frame
             .catalog
             .specs()

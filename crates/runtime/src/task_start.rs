@@ -111,7 +111,10 @@ pub fn prepare_task(
     env: &mut dyn Environment,
     options: &TaskOptions,
 ) -> Result<NewTask, RuntimeError> {
-    let tools = select_tools(&env.tools(), &skill.settings().tools)?;
+    let tools = select_tools(
+        &crate::recall::available_tools(env.tools()),
+        &skill.settings().tools,
+    )?;
     let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     ToolCatalog::new(specs.clone())?;
     let opening = env.opening_observation();

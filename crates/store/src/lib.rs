@@ -20,6 +20,7 @@ mod model;
 mod postgres;
 mod queue;
 mod queue_rows;
+mod recall_rows;
 mod rows;
 mod service;
 mod service_rows;

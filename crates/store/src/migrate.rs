@@ -63,6 +63,11 @@ pub const SQLITE: &[Migration] = &[
         name: "spec_hash",
         sql: include_str!("../migrations/sqlite/0010_spec_hash.sql"),
     },
+    Migration {
+        version: 11,
+        name: "recall",
+        sql: include_str!("../migrations/sqlite/0011_recall.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -116,6 +121,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "spec_hash",
         sql: include_str!("../migrations/postgres/0010_spec_hash.sql"),
     },
+    Migration {
+        version: 11,
+        name: "recall",
+        sql: include_str!("../migrations/postgres/0011_recall.sql"),
+    },
 ];
 
 /// Key of the transaction-scoped advisory lock that serialises migrations across processes.
@@ -153,6 +163,9 @@ pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<(), StoreError> {
             .await?;
         if migration.name == "spec_hash" {
             record_spec_hashes_sqlite(&mut tx).await?;
+        }
+        if migration.name == "recall" {
+            index_journal_sqlite(&mut tx).await?;
         }
         sqlx::query("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)")
             .bind(migration.version)
@@ -208,6 +221,92 @@ async fn record_spec_hashes_sqlite(
     Ok(())
 }
 
+/// Migration 11's Rust step on SQLite: the recall entries of every accepted step already in
+/// the journal (core's `step_entries`), a thousand rows at a time.
+async fn index_journal_sqlite(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+) -> Result<(), StoreError> {
+    let mut after = (String::new(), -1_i64);
+    loop {
+        let rows: Vec<(String, i64, String, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT task_id, step, output, patch, action FROM journal \
+             WHERE verdict = 'accepted' AND (task_id > ?1 OR (task_id = ?1 AND step > ?2)) \
+             ORDER BY task_id, step LIMIT 1000",
+        )
+        .bind(&after.0)
+        .bind(after.1)
+        .fetch_all(&mut **tx)
+        .await?;
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = (last.0.clone(), last.1);
+        for (task, step, output, patch, action) in rows {
+            for entry in journal_row_entries(&output, patch.as_deref(), action.as_deref()) {
+                sqlx::query(
+                    "INSERT INTO recall_entries (task_id, step, kind, pointer, text) VALUES (?, ?, ?, ?, ?)",
+                )
+                .bind(&task)
+                .bind(step)
+                .bind(entry.kind.as_str())
+                .bind(entry.pointer)
+                .bind(entry.text)
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Migration 11's Rust step on PostgreSQL, as on SQLite.
+async fn index_journal_postgres(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Result<(), StoreError> {
+    let mut after = (String::new(), -1_i64);
+    loop {
+        let rows: Vec<(String, i64, String, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT task_id, step, output, patch, action FROM journal \
+             WHERE verdict = 'accepted' AND (task_id, step) > ($1, $2) \
+             ORDER BY task_id, step LIMIT 1000",
+        )
+        .bind(&after.0)
+        .bind(after.1)
+        .fetch_all(&mut **tx)
+        .await?;
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = (last.0.clone(), last.1);
+        for (task, step, output, patch, action) in rows {
+            for entry in journal_row_entries(&output, patch.as_deref(), action.as_deref()) {
+                sqlx::query(
+                    "INSERT INTO recall_entries (task_id, step, kind, pointer, text) VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(&task)
+                .bind(step)
+                .bind(entry.kind.as_str())
+                .bind(entry.pointer)
+                .bind(entry.text)
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A stored journal row's recall entries (its patch and action as stored JSON text).
+fn journal_row_entries(
+    output: &str,
+    patch: Option<&str>,
+    action: Option<&str>,
+) -> Vec<skillstate_core::recall::IndexEntry> {
+    let patch = patch.and_then(|p| serde_json::from_str(p).ok());
+    let action = action.and_then(|a| serde_json::from_str(a).ok());
+    skillstate_core::recall::step_entries(output, patch.as_ref(), action.as_ref())
+}
+
 pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
     let supported = POSTGRES.last().map(|m| m.version).unwrap_or(0);
     for migration in POSTGRES {
@@ -242,6 +341,9 @@ pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
         sqlx::raw_sql(AssertSqlSafe(migration.sql))
             .execute(&mut *tx)
             .await?;
+        if migration.name == "recall" {
+            index_journal_postgres(&mut tx).await?;
+        }
         sqlx::query(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
         )

@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 use serde_json::Value;
+use skillstate_core::recall::{HitCursor, RawHit, RecallQuery};
 
 use crate::boards::Boards;
 use crate::inbox::Inbox;
@@ -120,6 +121,18 @@ pub trait Journal: Send + Sync {
     ) -> Result<Vec<(u64, Value, String)>>;
     /// The span of accepted steps in the journal, for checking its continuity cheaply.
     async fn journal_extent(&self, task: &str) -> Result<JournalExtent>;
+    /// Entries of the task's recall index that match `query` (its words, pointer, kinds and
+    /// step range), newest first unless `query.oldest_first`, starting after `after`, at most
+    /// `limit`. The index is written in the transaction of what it indexes: a committed step
+    /// is found, a rolled-back one never. What a reader may see of a hit is decided by
+    /// `RawHit::reveal`. No such task: no hits.
+    async fn search_journal(
+        &self,
+        task: &str,
+        query: &RecallQuery,
+        after: Option<HitCursor>,
+        limit: usize,
+    ) -> Result<Vec<RawHit>>;
 }
 
 /// Execution leases: one runner drives a task at a time.

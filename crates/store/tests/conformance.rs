@@ -19,6 +19,9 @@ mod inbox;
 #[path = "conformance/queue.rs"]
 mod queue;
 
+#[path = "conformance/recall.rs"]
+mod recall;
+
 #[path = "conformance/service.rs"]
 mod service;
 

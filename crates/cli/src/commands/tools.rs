@@ -36,7 +36,7 @@ pub async fn run(config_path: Option<&Path>, args: ToolsArgs) -> Result<ExitCode
         &config,
     )
     .await?;
-    let available = world.env.tools();
+    let available = skillstate_runtime::available_tools(world.env.tools());
     world.shutdown().await;
     let work = world.toolbox.as_ref().and_then(|t| t.work.clone());
     // A directory of its own made only to list the tools is not kept.

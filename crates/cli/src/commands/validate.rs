@@ -53,7 +53,10 @@ pub async fn run(
                     return Ok(ExitCode::FAILURE);
                 }
             };
-            let selected = match select_tools(&env.tools(), &settings.tools) {
+            let selected = match select_tools(
+                &skillstate_runtime::available_tools(env.tools()),
+                &settings.tools,
+            ) {
                 Ok(selected) => selected,
                 Err(error) => {
                     outln!("error: {}: {error}", skill_toml.display());
@@ -73,9 +76,11 @@ pub async fn run(
             let mut problems = Vec::new();
             for entry in &settings.tools.allow {
                 let source = entry.split('.').next().unwrap_or(entry);
-                if !matches!(source, "fs" | "shell") && !config.mcp.servers.contains_key(source) {
+                if !matches!(source, "fs" | "shell" | "recall")
+                    && !config.mcp.servers.contains_key(source)
+                {
                     problems.push(format!(
-                        "[tools] allow lists `{entry}`, but `{source}` is neither a built-in tool set (fs, shell) nor an MCP server under [mcp.servers] in {CONFIG_FILE}"
+                        "[tools] allow lists `{entry}`, but `{source}` is neither a built-in tool set (fs, shell, recall) nor an MCP server under [mcp.servers] in {CONFIG_FILE}"
                     ));
                 }
             }

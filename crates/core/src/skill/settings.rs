@@ -8,6 +8,7 @@ use crate::board::{BoardScope, BoardTable, ScopeList};
 
 pub const DEFAULT_STATE_TOKENS: usize = 2000;
 pub const DEFAULT_OBSERVATION_TOKENS: usize = 1000;
+pub const DEFAULT_RECALL_TOKENS: usize = 400;
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
 pub const DEFAULT_MAX_STEPS: u32 = 100;
 
@@ -31,6 +32,8 @@ pub struct Budgets {
     pub state_tokens: usize,
     /// Longest observation shown in a prompt; longer ones are cut with a marker.
     pub observation_tokens: usize,
+    /// Longest result of one `recall` call, in tokens; hits that do not fit are left out.
+    pub recall_tokens: usize,
 }
 
 impl Default for Budgets {
@@ -38,6 +41,7 @@ impl Default for Budgets {
         Self {
             state_tokens: DEFAULT_STATE_TOKENS,
             observation_tokens: DEFAULT_OBSERVATION_TOKENS,
+            recall_tokens: DEFAULT_RECALL_TOKENS,
         }
     }
 }
@@ -140,6 +144,12 @@ pub const SKILL_RANGES: &[SettingRange] = &[
         1,
         1_000_000,
         "the observation budget in tokens",
+    ),
+    SettingRange::integer(
+        "budgets.recall_tokens",
+        50,
+        100_000,
+        "the budget of one recall result in tokens",
     ),
     SettingRange::integer(
         "run.max_retries",

@@ -56,8 +56,26 @@ async fn insert_entry(
     .bind(entry.created_at)
     .bind(&entry.author)
     .bind(entry.board_version.and_then(|v| i64::try_from(v).ok()))
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    let recall = crate::recall_rows::recall_entries(entry);
+    if !recall.is_empty() {
+        // One statement for the step's entries (arrays unnested), in the row's transaction.
+        let kinds: Vec<&str> = recall.iter().map(|e| e.kind.as_str()).collect();
+        let pointers: Vec<Option<&str>> = recall.iter().map(|e| e.pointer.as_deref()).collect();
+        let texts: Vec<&str> = recall.iter().map(|e| e.text.as_str()).collect();
+        sqlx::query(
+            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) \
+             SELECT $1, $2, kind, pointer, text FROM unnest($3::text[], $4::text[], $5::text[]) AS e(kind, pointer, text)",
+        )
+        .bind(task)
+        .bind(entry.step as i64)
+        .bind(kinds)
+        .bind(pointers)
+        .bind(texts)
+        .execute(&mut *conn)
+        .await?;
+    }
     Ok(())
 }
 
@@ -435,5 +453,14 @@ impl Journal for PostgresStore {
         .fetch_one(&self.pool)
         .await?;
         extent_from_row(&row)
+    }
+    async fn search_journal(
+        &self,
+        task: &str,
+        query: &skillstate_core::recall::RecallQuery,
+        after: Option<skillstate_core::recall::HitCursor>,
+        limit: usize,
+    ) -> Result<Vec<skillstate_core::recall::RawHit>> {
+        self.search_index(task, query, after, limit).await
     }
 }

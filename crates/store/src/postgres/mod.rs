@@ -24,6 +24,7 @@ mod journal;
 mod leases;
 mod queue;
 mod rate;
+mod recall;
 mod report;
 mod service;
 mod tasks;

@@ -188,6 +188,17 @@ impl Tasks for PostgresStore {
                 .execute(&mut *tx)
                 .await?;
         }
+        // The parent's recall entries of the kept steps; observations are indexed by their
+        // trigger as they are copied below (after the intents, so a recall result stays out).
+        sqlx::query(
+            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) \
+             SELECT $1, step, kind, pointer, text FROM recall_entries WHERE task_id = $2 AND step <= $3 AND kind <> 'observation' ORDER BY id",
+        )
+        .bind(&id)
+        .bind(parent)
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
         // The observation that step `at + 1` starts from belongs to the fork's history too.
         sqlx::query(
             "INSERT INTO observations (task_id, step, text) SELECT $1, step, text FROM observations WHERE task_id = $2 AND step <= $3",

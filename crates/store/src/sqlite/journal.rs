@@ -179,4 +179,13 @@ impl Journal for SqliteStore {
         .await?;
         extent_from_row(&row)
     }
+    async fn search_journal(
+        &self,
+        task: &str,
+        query: &skillstate_core::recall::RecallQuery,
+        after: Option<skillstate_core::recall::HitCursor>,
+        limit: usize,
+    ) -> Result<Vec<skillstate_core::recall::RawHit>> {
+        self.search_index(task, query, after, limit).await
+    }
 }

@@ -30,6 +30,7 @@ mod ops_submit;
 mod ops_tasks;
 mod queue;
 mod reads;
+mod recall;
 mod report;
 mod service;
 mod tasks;

@@ -7,6 +7,7 @@ use skillstate_core::json::state_hash;
 use super::ops::OpResult;
 use crate::StoreError;
 use crate::model::*;
+use crate::recall_rows::{IndexEntry, recall_entries};
 use crate::rows::{to_json, verdict_str};
 use crate::service_rows::{OldStatus, action_data, rejected_data, status_data, step_data};
 
@@ -56,6 +57,8 @@ pub(super) struct EntryRow {
     created_at: i64,
     author: Option<String>,
     board_version: Option<i64>,
+    /// An accepted step's recall entries, written with the row (`recall_rows.rs`).
+    recall: Vec<IndexEntry>,
 }
 
 impl EntryRow {
@@ -77,6 +80,7 @@ impl EntryRow {
             created_at: entry.created_at,
             author: entry.author.clone(),
             board_version: entry.board_version.and_then(|v| i64::try_from(v).ok()),
+            recall: recall_entries(entry),
         }
     }
 
@@ -104,6 +108,18 @@ impl EntryRow {
             self.author,
             self.board_version,
         ])?;
+        let mut index = conn.prepare_cached(
+            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) VALUES (?, ?, ?, ?, ?)",
+        )?;
+        for entry in &self.recall {
+            index.execute(params![
+                task,
+                self.step,
+                entry.kind.as_str(),
+                entry.pointer,
+                entry.text
+            ])?;
+        }
         Ok(())
     }
 }

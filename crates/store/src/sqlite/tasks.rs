@@ -124,6 +124,16 @@ impl Tasks for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
+        // The parent's recall entries of the kept steps; observations are indexed by their
+        // trigger as they are copied below (after the intents, so a recall result stays out).
+        sqlx::query(
+            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) SELECT ?, step, kind, pointer, text FROM recall_entries WHERE task_id = ? AND step <= ? AND kind <> 'observation' ORDER BY id",
+        )
+        .bind(&id)
+        .bind(parent)
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query("INSERT INTO observations SELECT ?, step, text FROM observations WHERE task_id = ? AND step <= ?")
             .bind(&id)
             .bind(parent)

@@ -1,0 +1,209 @@
+use serde_json::json;
+
+use super::*;
+
+fn texts(entries: &[IndexEntry]) -> Vec<(RecallKind, Option<&str>, &str)> {
+    entries
+        .iter()
+        .map(|e| (e.kind, e.pointer.as_deref(), e.text.as_str()))
+        .collect()
+}
+
+#[test]
+fn a_step_is_indexed_as_reasoning_action_and_each_location_written() {
+    let output = r#"{"reasoning": "Order for item_7; it sits on shelf_3.", "state_patch": {}, "action": {"tool": "ship", "args": {}}}"#;
+    let patch =
+        json!({"inventory": {"shelf_3": null, "shelf_9": "item_2"}, "count": 4, "seen": {}});
+    let action = json!({"tool": "ship", "args": {"item": "item_7", "shelf": "shelf_3"}});
+    let entries = step_entries(output, Some(&patch), Some(&action));
+    assert_eq!(
+        texts(&entries),
+        vec![
+            (
+                RecallKind::Reasoning,
+                None,
+                "Order for item_7; it sits on shelf_3."
+            ),
+            (
+                RecallKind::Action,
+                None,
+                r#"ship {"item":"item_7","shelf":"shelf_3"}"#
+            ),
+            (
+                RecallKind::State,
+                Some("/inventory/shelf_3"),
+                "/inventory/shelf_3 removed"
+            ),
+            (
+                RecallKind::State,
+                Some("/inventory/shelf_9"),
+                r#"/inventory/shelf_9 = "item_2""#
+            ),
+            (RecallKind::State, Some("/count"), "/count = 4"),
+            (RecallKind::State, Some("/seen"), "/seen = {}"),
+        ]
+    );
+}
+
+#[test]
+fn json_patch_operations_are_indexed_by_their_paths() {
+    let patch = json!([
+        {"op": "add", "path": "/a~1b", "value": {"x": 1}},
+        {"op": "remove", "path": "/c"},
+        {"op": "move", "from": "/d", "path": "/e"},
+        {"op": "test", "path": "/f", "value": 1}
+    ]);
+    let entries = step_entries("not json", Some(&patch), None);
+    assert_eq!(
+        texts(&entries),
+        vec![
+            (RecallKind::State, Some("/a~1b/x"), "/a~1b/x = 1"),
+            (RecallKind::State, Some("/c"), "/c removed"),
+            (RecallKind::State, Some("/d"), "/d removed (moved to /e)"),
+            (RecallKind::State, Some("/e"), "/e moved from /d"),
+        ]
+    );
+}
+
+#[test]
+fn a_huge_patch_adds_a_bounded_number_of_entries_of_bounded_size() {
+    let mut inventory = serde_json::Map::new();
+    for i in 0..2000 {
+        inventory.insert(format!("k{i}"), json!("v".repeat(5000)));
+    }
+    let patch = json!({ "inventory": inventory });
+    let entries = step_entries("", Some(&patch), None);
+    assert_eq!(entries.len(), MAX_STATE_ENTRIES);
+    assert!(
+        entries.iter().all(|e| e.text.len() <= 1100),
+        "values are cut"
+    );
+    let output = format!(
+        r#"{{"reasoning": "{}", "state_patch": {{}}, "action": {{"tool": "wait", "args": {{}}}}}}"#,
+        "é".repeat(20_000)
+    );
+    let long = &step_entries(&output, None, None)[0];
+    assert!(long.text.len() <= ENTRY_TEXT_BYTES && long.text.ends_with('…'));
+}
+
+#[test]
+fn queries_are_words_and_never_syntax() {
+    let q = RecallQuery::from_args(&json!({"query": "item_4298 \"OR\" shelf-12 NEAR(x"}))
+        .expect("query");
+    assert_eq!(
+        q.fts5_match().as_deref(),
+        Some(r#""item 4298" AND "or" AND "shelf 12" AND "near x""#)
+    );
+    assert_eq!(q.limit, 5);
+    for (args, field) in [
+        (json!({}), "/query"),
+        (json!({"query": "--- ***"}), "/query"),
+        (json!({"query": 7}), "/query"),
+        (json!({"pointer": "inventory"}), "/pointer"),
+        (json!({"query": "x", "limit": 0}), "/limit"),
+        (json!({"query": "x", "limit": 51}), "/limit"),
+        (
+            json!({"query": "x", "kinds": ["state", "dreams"]}),
+            "/kinds/1",
+        ),
+        (
+            json!({"query": "x", "from_step": 9, "to_step": 3}),
+            "/from_step",
+        ),
+        (json!({"query": "x", "sort": "asc"}), "/sort"),
+        (json!({"pointer": "/a", "kinds": ["observation"]}), "/query"),
+        (json!({"query": "a ".repeat(17)}), "/query"),
+        (json!("item_1"), "/"),
+    ] {
+        let problem = RecallQuery::from_args(&args).expect_err("refused");
+        assert_eq!(problem.field, field, "{args}: {problem}");
+    }
+    let q =
+        RecallQuery::from_args(&json!({"pointer": "/inventory", "to_step": 90})).expect("query");
+    assert_eq!(q.kinds, vec![RecallKind::State]);
+    assert_eq!(q.clone().up_to(40).to_step, Some(40));
+    assert_eq!(q.up_to(400).to_step, Some(90));
+}
+
+#[test]
+fn a_hit_shows_only_what_its_reader_may_see() {
+    let schema = json!({
+        "type": "object",
+        "properties": {"token": {"type": "string", "writeOnly": true}, "note": {"type": "string"}}
+    });
+    let write_only = WriteOnly::of_schema(&schema);
+    let secrets = write_only.secrets_of(&json!({"token": "hunter2-secret"}));
+    let query = RecallQuery::new(Some("hunter2-secret"), None).expect("query");
+    let reader = HitReader {
+        write_only: &write_only,
+        secrets: &secrets,
+        words: &query.word_tokens,
+    };
+    let hit = |kind, pointer: Option<&str>, text: &str| {
+        RawHit::from_index(1, 3, kind, pointer.map(str::to_owned), text.to_owned())
+    };
+    // The write itself, and free text that matched only through the value: nothing at all.
+    assert_eq!(
+        hit(
+            RecallKind::State,
+            Some("/token"),
+            "/token = \"hunter2-secret\""
+        )
+        .reveal(&reader),
+        None
+    );
+    assert_eq!(
+        hit(RecallKind::Reasoning, None, "I saved hunter2-secret").reveal(&reader),
+        None
+    );
+    // A hit that matches otherwise loses the value.
+    let query = RecallQuery::new(Some("saved"), None).expect("query");
+    let reader = HitReader {
+        words: &query.word_tokens,
+        ..reader
+    };
+    let shown = hit(RecallKind::Reasoning, None, "I saved hunter2-secret")
+        .reveal(&reader)
+        .expect("shown");
+    assert!(!shown.text.contains("hunter2"), "{}", shown.text);
+    let shown = hit(RecallKind::State, Some("/note"), "/note = \"saved\"")
+        .reveal(&reader)
+        .expect("shown");
+    assert_eq!(shown.text, "/note = \"saved\"");
+}
+
+#[test]
+fn results_are_cut_to_the_budget_by_whole_hits() {
+    let query = RecallQuery::new(Some("item_1"), None).expect("query");
+    let hits: Vec<RecallHit> = (0..40)
+        .map(|i| RecallHit {
+            id: i,
+            step: 100 - i as u64,
+            kind: RecallKind::Observation,
+            pointer: None,
+            text: format!(
+                "Shipment arrived containing item_1. Store it on shelf_{i}.\nsecond line"
+            ),
+        })
+        .collect();
+    let text = render_hits(&query, &hits, false, 120);
+    assert!(crate::count_tokens(&text) <= 120, "{text}");
+    assert!(text.starts_with("Recall: "), "{text}");
+    assert!(text.contains("[step 100 observation] Shipment arrived containing item_1. Store it on shelf_0. ⏎ second line"), "{text}");
+    assert!(text.ends_with(&format!("{HITS_NOT_SHOWN}.")), "{text}");
+    let all = render_hits(&query, &hits[..2], false, 10_000);
+    assert!(
+        all.starts_with("Recall: 2 matches for \"item_1\", newest first."),
+        "{all}"
+    );
+    assert_eq!(
+        render_hits(&query, &[], false, 100),
+        "Recall: no matches for \"item_1\"."
+    );
+    let huge = RecallHit {
+        text: "word ".repeat(5000),
+        ..hits[0].clone()
+    };
+    let cut = render_hits(&query, &[huge], false, 50);
+    assert!(crate::count_tokens(&cut) <= 50, "{cut}");
+}

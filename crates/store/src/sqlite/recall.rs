@@ -1,0 +1,102 @@
+//! Searching the recall index on SQLite: FTS5 over `recall_fts` (words, intersected with the
+//! task's own key), or the entries' pointer index for a location alone.
+
+use skillstate_core::recall::{HitCursor, RawHit, RecallQuery};
+use sqlx::Row;
+
+use super::SqliteStore;
+use crate::Result;
+use crate::recall_rows::{raw_hit, task_key};
+
+impl SqliteStore {
+    pub(super) async fn search_index(
+        &self,
+        task: &str,
+        query: &RecallQuery,
+        after: Option<HitCursor>,
+        limit: usize,
+    ) -> Result<Vec<RawHit>> {
+        let mut sql = String::from("SELECT e.id, e.step, e.kind, e.pointer, e.text FROM ");
+        let words = query.fts5_match();
+        if words.is_some() {
+            sql.push_str(
+                "recall_fts JOIN recall_entries e ON e.id = recall_fts.rowid WHERE recall_fts MATCH ? AND e.task_id = ?",
+            );
+        } else {
+            sql.push_str("recall_entries e WHERE e.task_id = ?");
+        }
+        filters(&mut sql, query, after);
+        let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(words) = words {
+            let key = task_key(task).replace('"', "\"\"");
+            statement = statement.bind(format!("task_key : \"{key}\" AND text : ({words})"));
+        }
+        statement = statement.bind(task);
+        if let Some(pointer) = &query.pointer {
+            statement = statement
+                .bind(pointer.clone())
+                .bind(pointer.chars().count() as i64 + 1)
+                .bind(format!("{pointer}/"));
+        }
+        if let Some(from) = query.from_step {
+            statement = statement.bind(from as i64);
+        }
+        if let Some(to) = query.to_step {
+            statement = statement.bind(to as i64);
+        }
+        if let Some(after) = after {
+            statement = statement
+                .bind(after.step as i64)
+                .bind(after.step as i64)
+                .bind(after.id);
+        }
+        let rows = statement
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                raw_hit(
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get::<&str, _>(2)?,
+                    row.try_get(3)?,
+                    row.try_get(4)?,
+                )
+            })
+            .collect()
+    }
+}
+
+/// The filters after the task's own, in the order their values are bound; then the order and
+/// the limit. Only constants and placeholders enter the text.
+fn filters(sql: &mut String, query: &RecallQuery, after: Option<HitCursor>) {
+    if query.pointer.is_some() {
+        sql.push_str(" AND (e.pointer = ? OR substr(e.pointer, 1, ?) = ?)");
+    }
+    if query.from_step.is_some() {
+        sql.push_str(" AND e.step >= ?");
+    }
+    if query.to_step.is_some() {
+        sql.push_str(" AND e.step <= ?");
+    }
+    if !query.kinds.is_empty() {
+        let kinds: Vec<String> = query
+            .kinds
+            .iter()
+            .map(|k| format!("'{}'", k.as_str()))
+            .collect();
+        sql.push_str(&format!(" AND e.kind IN ({})", kinds.join(", ")));
+    }
+    let (cmp, order) = if query.oldest_first {
+        (">", "ASC")
+    } else {
+        ("<", "DESC")
+    };
+    if after.is_some() {
+        sql.push_str(&format!(
+            " AND (e.step {cmp} ? OR (e.step = ? AND e.id {cmp} ?))"
+        ));
+    }
+    sql.push_str(&format!(" ORDER BY e.step {order}, e.id {order} LIMIT ?"));
+}

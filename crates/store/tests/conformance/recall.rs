@@ -1,0 +1,426 @@
+//! The recall index (README, "Recall and provenance"): written in the transaction of what it
+//! indexes, on both backends alike — committed steps are found, a refused write never is; a
+//! fork sees its parent's history up to the fork point only; compaction and deletion take the
+//! entries with them; a recall result is not indexed again; an older database is indexed by
+//! the migration.
+
+use skillstate_core::recall::{HitCursor, HitReader, RecallKind, RecallQuery};
+use skillstate_core::{SecretValues, WriteOnly};
+
+use super::*;
+
+/// Every hit of `query` as `(step, kind, text)`, page by page (`page` raw hits per call).
+async fn found(
+    store: &dyn Store,
+    task: &str,
+    query: &RecallQuery,
+    page: usize,
+) -> anyhow::Result<Vec<(u64, RecallKind, String)>> {
+    let none = WriteOnly::none();
+    let secrets = SecretValues::default();
+    let reader = HitReader {
+        write_only: &none,
+        secrets: &secrets,
+        words: &query.word_tokens,
+    };
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let hits = store.search_journal(task, query, after, page).await?;
+        let full = hits.len() == page;
+        for hit in hits {
+            after = Some(HitCursor {
+                step: hit.step,
+                id: hit.id,
+            });
+            let shown = hit
+                .reveal(&reader)
+                .context("an entry without write-only values is shown")?;
+            out.push((shown.step, shown.kind, shown.text));
+        }
+        if !full {
+            return Ok(out);
+        }
+    }
+}
+
+fn words(text: &str) -> RecallQuery {
+    RecallQuery::new(Some(text), None).unwrap()
+}
+
+fn answer(reasoning: &str, patch: &Value, action: &Value) -> String {
+    json!({"reasoning": reasoning, "state_patch": patch, "action": action}).to_string()
+}
+
+/// Commits step `step` of `task` at `state` with `reasoning`, a merge `patch` and an action,
+/// then its result; returns the new state.
+async fn step(
+    store: &dyn Store,
+    task: &str,
+    step: u64,
+    state: &Value,
+    (reasoning, patch, tool, args): (&str, Value, &str, Value),
+    observation: &str,
+) -> anyhow::Result<Value> {
+    let action = json!({"tool": tool, "args": args});
+    let mut commit = step_commit(step, state, patch.clone(), true);
+    commit.entry.output = answer(reasoning, &patch, &action);
+    commit.entry.action = Some(action);
+    if let Some(intent) = commit.intent.as_mut() {
+        intent.tool = tool.to_owned();
+        intent.args = args;
+    }
+    store.commit_step(task, step - 1, &commit).await?;
+    store
+        .record_action_result(
+            task,
+            &ActionResult {
+                next_observation: observation.to_owned(),
+                ..action_result(step)
+            },
+        )
+        .await?;
+    Ok(commit.new_state)
+}
+
+/// A small warehouse history: item_42 stored on shelf_7, moved to shelf_9, another item, an
+/// order.
+async fn warehouse_history(store: &dyn Store) -> anyhow::Result<(String, Value)> {
+    let task = store
+        .create_task(
+            NewTask {
+                opening_observation: "Shipment arrived containing item_42. Store it on shelf_7."
+                    .into(),
+                ..new_task()
+            },
+            &json!({}),
+        )
+        .await?
+        .id;
+    let s = json!({});
+    let s = step(
+        store,
+        &task,
+        1,
+        &s,
+        (
+            "Store item_42 on shelf_7 as asked.",
+            json!({"inventory": {"shelf_7": "item_42"}}),
+            "store",
+            json!({"item": "item_42", "shelf": "shelf_7"}),
+        ),
+        "Success: stored. Maintenance required on shelf_7. Move its item to shelf_9.",
+    )
+    .await?;
+    let s = step(
+        store,
+        &task,
+        2,
+        &s,
+        (
+            "Move item_42 off shelf_7.",
+            json!({"inventory": {"shelf_7": null, "shelf_9": "item_42"}}),
+            "move",
+            json!({"item": "item_42", "from": "shelf_7", "to": "shelf_9"}),
+        ),
+        "Success: moved. Shipment arrived containing item_77. Store it on shelf_7.",
+    )
+    .await?;
+    let s = step(
+        store,
+        &task,
+        3,
+        &s,
+        (
+            "Store the new item.",
+            json!({"inventory": {"shelf_7": "item_77"}, "Inventory": {"x": 1}}),
+            "store",
+            json!({"item": "item_77", "shelf": "shelf_7"}),
+        ),
+        "Success: stored. Customer ordered item_42.",
+    )
+    .await?;
+    Ok((task, s))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_steps_are_found_newest_first_by_words_and_by_pointer() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, _) = warehouse_history(store.as_ref()).await?;
+        let (other, _) = warehouse_history(store.as_ref()).await?;
+
+        let hits = found(store.as_ref(), &task, &words("item_42"), 50).await?;
+        let shown: Vec<(u64, RecallKind)> = hits.iter().map(|(s, k, _)| (*s, *k)).collect();
+        assert_eq!(
+            shown,
+            // Newest first: within a step, what it wrote before the observation it began from.
+            vec![
+                (4, RecallKind::Observation),
+                (2, RecallKind::State),
+                (2, RecallKind::Action),
+                (2, RecallKind::Reasoning),
+                (1, RecallKind::State),
+                (1, RecallKind::Action),
+                (1, RecallKind::Reasoning),
+                (1, RecallKind::Observation),
+            ],
+            "{hits:#?}"
+        );
+        assert_eq!(hits[0].2, "Success: stored. Customer ordered item_42.");
+        assert!(hits[2].2.starts_with("move {"), "{}", hits[2].2);
+        assert_eq!(hits[1].2, "/inventory/shelf_9 = \"item_42\"");
+        // Every word must match; an id never matches a longer number.
+        assert_eq!(
+            found(store.as_ref(), &task, &words("item_42 shelf_9"), 50)
+                .await?
+                .len(),
+            2
+        );
+        assert!(
+            found(store.as_ref(), &task, &words("item_4"), 50)
+                .await?
+                .is_empty()
+        );
+        assert_eq!(
+            found(store.as_ref(), &task, &words("ITEM_77 Shipment"), 50)
+                .await?
+                .len(),
+            1
+        );
+
+        // Pages of one continue where the last ended, and give the same hits.
+        assert_eq!(
+            found(store.as_ref(), &task, &words("item_42"), 1).await?,
+            hits
+        );
+
+        // Oldest first, step range, kinds.
+        let mut query = words("item_42");
+        query.oldest_first = true;
+        query.from_step = Some(2);
+        query.kinds = vec![RecallKind::Action, RecallKind::Observation];
+        let ranged = found(store.as_ref(), &task, &query, 50).await?;
+        let shown: Vec<(u64, RecallKind)> = ranged.iter().map(|(s, k, _)| (*s, *k)).collect();
+        assert_eq!(
+            shown,
+            vec![(2, RecallKind::Action), (4, RecallKind::Observation)]
+        );
+
+        // A pointer finds the writes at and below it, case and all.
+        let query = RecallQuery::new(None, Some("/inventory/shelf_7")).unwrap();
+        let writes = found(store.as_ref(), &task, &query, 50).await?;
+        assert_eq!(
+            writes
+                .iter()
+                .map(|(s, _, t)| (*s, t.as_str()))
+                .collect::<Vec<_>>(),
+            vec![
+                (3, "/inventory/shelf_7 = \"item_77\""),
+                (2, "/inventory/shelf_7 removed"),
+                (1, "/inventory/shelf_7 = \"item_42\""),
+            ]
+        );
+        let query = RecallQuery::new(None, Some("/inventory")).unwrap();
+        assert_eq!(found(store.as_ref(), &task, &query, 50).await?.len(), 4);
+        let query = RecallQuery::new(Some("item_77"), Some("/inventory")).unwrap();
+        assert_eq!(found(store.as_ref(), &task, &query, 50).await?.len(), 1);
+
+        // Another task's history is never found, nor a task that does not exist.
+        let hits_other = found(store.as_ref(), &other, &words("item_42"), 50).await?;
+        assert_eq!(hits_other.len(), hits.len());
+        assert!(
+            found(store.as_ref(), "no-such-task", &words("item_42"), 50)
+                .await?
+                .is_empty()
+        );
+        store.delete_task(&other).await?;
+        assert!(
+            found(store.as_ref(), &other, &words("item_42"), 50)
+                .await?
+                .is_empty()
+        );
+        assert_eq!(
+            found(store.as_ref(), &task, &words("item_42"), 50).await?,
+            hits
+        );
+        anyhow::Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_and_a_rejected_answer_are_never_found() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, state) = warehouse_history(store.as_ref()).await?;
+        // A commit at a stale version is refused whole: nothing of it is indexed.
+        let mut stale = step_commit(
+            4,
+            &state,
+            json!({"inventory": {"shelf_1": "item_999"}}),
+            true,
+        );
+        stale.entry.output = answer(
+            "zebra reasoning",
+            &json!({}),
+            &json!({"tool": "wait", "args": {}}),
+        );
+        assert!(store.commit_step(&task, 1, &stale).await.is_err());
+        let mut rejected_answer = rejected(4, 1);
+        rejected_answer.output = answer(
+            "zebra reasoning",
+            &json!({}),
+            &json!({"tool": "wait", "args": {}}),
+        );
+        store.record_rejection(&task, &rejected_answer).await?;
+        assert!(
+            found(store.as_ref(), &task, &words("zebra"), 50)
+                .await?
+                .is_empty()
+        );
+        assert!(
+            found(store.as_ref(), &task, &words("item_999"), 50)
+                .await?
+                .is_empty()
+        );
+        anyhow::Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_recalls_its_parents_history_up_to_the_fork_only() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, _) = warehouse_history(store.as_ref()).await?;
+        let parent_state = store.task(&task).await?;
+        let at_one = json!({"inventory": {"shelf_7": "item_42"}});
+        let fork = store.fork_task(&task, 1, &at_one, None).await?.id;
+        let hits = found(store.as_ref(), &fork, &words("item_42"), 50).await?;
+        assert!(hits.iter().all(|(s, _, _)| *s <= 2), "{hits:#?}");
+        let steps: Vec<u64> = hits.iter().map(|(s, _, _)| *s).collect();
+        assert_eq!(steps, vec![1, 1, 1, 1], "{hits:#?}");
+        // The observation step 2 starts from belongs to the fork's history; step 2 does not.
+        let next = found(store.as_ref(), &fork, &words("maintenance"), 50).await?;
+        assert_eq!(next.iter().map(|(s, _, _)| *s).collect::<Vec<_>>(), vec![2]);
+        assert!(
+            found(store.as_ref(), &fork, &words("item_77"), 50)
+                .await?
+                .is_empty()
+        );
+        // The fork's own next step is its own; the parent never sees it.
+        step(
+            store.as_ref(),
+            &fork,
+            2,
+            &at_one,
+            ("Keep it.", json!({"note": "kangaroo"}), "wait", json!({})),
+            "Waited.",
+        )
+        .await?;
+        assert_eq!(
+            found(store.as_ref(), &fork, &words("kangaroo"), 50)
+                .await?
+                .len(),
+            1
+        );
+        assert!(
+            found(store.as_ref(), &task, &words("kangaroo"), 50)
+                .await?
+                .is_empty()
+        );
+        assert_eq!(store.task(&task).await?.version, parent_state.version);
+        anyhow::Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_and_deletion_take_the_entries_with_them() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, _) = warehouse_history(store.as_ref()).await?;
+        let before_two = json!({"inventory": {"shelf_7": "item_42"}});
+        store
+            .compact_task(&task, 3, &json!({"inventory": {"shelf_9": "item_42"}}))
+            .await?;
+        let _ = before_two;
+        let hits = found(store.as_ref(), &task, &words("item_42"), 50).await?;
+        assert!(hits.iter().all(|(s, _, _)| *s >= 3), "{hits:#?}");
+        assert!(!hits.is_empty());
+        store.delete_task(&task).await?;
+        assert_eq!(db.count("SELECT COUNT(*) FROM recall_entries").await?, 0);
+        if db.backend == Backend::Sqlite {
+            // The full-text index holds nothing of a deleted task either.
+            assert_eq!(
+                db.count("SELECT COUNT(*) FROM recall_fts WHERE recall_fts MATCH 'item'")
+                    .await?,
+                0
+            );
+        }
+        anyhow::Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_result_is_not_indexed_again() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, state) = warehouse_history(store.as_ref()).await?;
+        step(
+            store.as_ref(),
+            &task,
+            4,
+            &state,
+            ("Where is it?", json!({}), "recall", json!({"query": "item_42"})),
+            "Recall: 1 matches for \"item_42\", newest first.\n[step 2 state] /inventory/shelf_9 = \"item_42\" platypus",
+        )
+        .await?;
+        assert!(found(store.as_ref(), &task, &words("platypus"), 50).await?.is_empty());
+        // The step that asked is indexed as any other.
+        assert_eq!(found(store.as_ref(), &task, &words("where"), 50).await?.len(), 1);
+        anyhow::Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, _) = warehouse_history(store.as_ref()).await?;
+        let before = found(store.as_ref(), &task, &words("item_42"), 50).await?;
+        store.release().await;
+        drop(store);
+        // Back to schema 10, as a database written by the previous release.
+        match db.backend {
+            Backend::Sqlite => {
+                db.execute(
+                    "DROP TRIGGER observations_recalled; DROP TRIGGER observations_rerecalled; \
+                     DROP TRIGGER observations_forgotten; DROP TRIGGER journal_forgotten; \
+                     DROP TABLE recall_fts; DROP TABLE recall_entries; \
+                     DELETE FROM schema_migrations WHERE version = 11",
+                )
+                .await?;
+            }
+            Backend::Postgres => {
+                db.execute(
+                    "DROP TABLE recall_entries; \
+                     DROP FUNCTION skillstate_recall_observation() CASCADE; \
+                     DROP FUNCTION skillstate_forget_step() CASCADE; \
+                     DELETE FROM schema_migrations WHERE version = 11",
+                )
+                .await?;
+            }
+        }
+        let store = db.open().await?;
+        assert_eq!(
+            found(store.as_ref(), &task, &words("item_42"), 50).await?,
+            before
+        );
+        anyhow::Ok(())
+    })
+    .await
+}
