@@ -89,6 +89,9 @@ fn parse_shelf(name: &str, shelves: u32) -> Option<u32> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct World {
     config: ArchiveConfig,
+    /// Written as one string (`shelf=item` pairs): the checkpoint is taken at every step and
+    /// the stock grows to thousands of items, so its cost must stay small.
+    #[serde(with = "shelf_list")]
     shelves: BTreeMap<u32, String>,
     /// Items that arrived and wait to be stored.
     dock: BTreeSet<String>,
@@ -201,6 +204,46 @@ impl World {
         self.shelves.remove(&from_index);
         self.shelves.insert(to_index, item.to_owned());
         Ok(format!("Success: Moved {item} from {from} to {to}."))
+    }
+}
+
+/// The shelves of a checkpoint as `"3=item_5 17=item_9"`.
+mod shelf_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(
+        shelves: &BTreeMap<u32, String>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut text = String::with_capacity(shelves.len() * 20);
+        for (shelf, item) in shelves {
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            text.push_str(&shelf.to_string());
+            text.push('=');
+            text.push_str(item);
+        }
+        serializer.serialize_str(&text)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<u32, String>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.split_whitespace()
+            .map(|pair| {
+                let (shelf, item) = pair.split_once('=').ok_or_else(|| {
+                    D::Error::custom(format!("shelf entry `{pair}` is not SHELF=ITEM"))
+                })?;
+                let shelf = shelf.parse::<u32>().map_err(|_| {
+                    D::Error::custom(format!("shelf entry `{pair}` has no shelf number"))
+                })?;
+                Ok((shelf, item.to_owned()))
+            })
+            .collect()
     }
 }
 

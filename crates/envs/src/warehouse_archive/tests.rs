@@ -222,9 +222,17 @@ async fn checkpoints_restore_the_same_world() {
     assert_eq!(copy.outcome(), env.outcome());
     assert_eq!(copy.events(), events);
     assert!(
+        checkpoint["shelves"].as_str().unwrap().contains('='),
+        "{checkpoint}"
+    );
+    assert!(
         copy.restore(&json!({"config": 1})).is_err(),
         "a damaged checkpoint is an error, not a panic"
     );
+    let mut damaged = checkpoint.clone();
+    damaged["shelves"] = json!("12=item_1 shelf_3");
+    let error = copy.restore(&damaged).unwrap_err().to_string();
+    assert!(error.contains("`shelf_3` is not SHELF=ITEM"), "{error}");
 }
 
 #[test]
