@@ -97,8 +97,8 @@ pub struct ArchiveConfig {
     pub model: String,
     /// The state budget of the skill, for the report (from its skill.toml).
     pub state_tokens: usize,
-    /// Runs at once (at most this many threads).
-    #[serde(skip)]
+    /// Runs at once (at most this many threads); with 1 the report also gives CPU times.
+    #[serde(default)]
     pub jobs: usize,
 }
 

@@ -33,6 +33,8 @@ pub struct ArchiveGroup {
     pub step_ms_median: f64,
     /// Over the runs with at least 300 steps; `None` when none has.
     pub step_time_ratio: Option<f64>,
+    /// The CPU-time ratio, only when the runs ran one at a time (`--jobs 1`).
+    pub step_cpu_ratio: Option<f64>,
     pub rejected_answers: u64,
     pub tool_errors: u64,
     pub wall_ms: f64,
@@ -82,6 +84,11 @@ impl ArchiveReport {
                     total_tokens: avg(&|r| r.total_tokens as f64),
                     step_ms_median: avg(&|r| r.step_ms_median),
                     step_time_ratio: mean_of(runs.iter().filter_map(|r| r.step_time_ratio)),
+                    step_cpu_ratio: if config.jobs == 1 {
+                        mean_of(runs.iter().filter_map(|r| r.step_cpu_ratio))
+                    } else {
+                        None
+                    },
                     rejected_answers: runs.iter().map(|r| r.rejected_answers).sum(),
                     tool_errors: runs.iter().map(|r| r.tool_errors).sum(),
                     wall_ms: avg(&|r| r.wall_ms as f64),
@@ -121,7 +128,7 @@ impl ArchiveReport {
         "growth first→last 100",
         "total tokens",
         "ms/step",
-        "time last 100 / 101–200",
+        "time last 100 / 101–200 (wall, CPU)",
     ];
 
     fn rows(&self) -> Vec<Vec<String>> {
@@ -151,7 +158,11 @@ impl ArchiveReport {
                         .map_or("—".into(), |v| format!("{:+.1}%", v * 100.0)),
                     compact(g.total_tokens),
                     format!("{:.2}", g.step_ms_median),
-                    g.step_time_ratio.map_or("—".into(), |v| format!("{v:.2}")),
+                    match (g.step_time_ratio, g.step_cpu_ratio) {
+                        (Some(wall), Some(cpu)) => format!("{wall:.2}, {cpu:.2}"),
+                        (Some(wall), None) => format!("{wall:.2}"),
+                        _ => "—".into(),
+                    },
                 ]);
             }
         }
@@ -248,7 +259,8 @@ impl ArchiveReport {
             "\nArms: `state+recall` is the skill as shipped (bounded state, the journal's `recall` tool); `state` is the same \
              skill without the recall tool; `window` and `summary` show the transcript within the context budget. Tokens are \
              o200k_base tokens counted locally. ms/step is the median in-loop time of a step (commit, tool, next prompt, \
-             model); the time ratio compares the medians of the last 100 steps and of steps 101–200. Per-step prompt \
+             model); the time ratio compares the medians of the last 100 steps and of steps 101–200, in wall time and, \
+             with `--jobs 1`, in the process's CPU time (which other programs on the machine do not stretch). Per-step prompt \
              sizes: `archive_prompt_tokens.svg`; every run: `archive.json`.\n",
         );
         out

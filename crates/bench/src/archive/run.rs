@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::time::{ClockId, clock_gettime};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use skillstate_core::skill::EnvironmentSettings;
@@ -71,9 +72,17 @@ pub struct ArchiveRun {
     pub step_ms_early: Option<f64>,
     pub step_ms_late: Option<f64>,
     pub step_time_ratio: Option<f64>,
+    /// The same ratio for the process's CPU time per step: unlike wall time not stretched by
+    /// other programs, but it counts every thread of the process, so it describes this run
+    /// alone only when the bench runs one run at a time (`--jobs 1`).
+    pub step_cpu_ratio: Option<f64>,
     pub wall_ms: u64,
     /// Every accepted step's prompt tokens, step 1 first (for the chart).
     pub prompt_tokens_per_step: Vec<u64>,
+    /// Every accepted step's in-loop wall time in milliseconds, step 1 first.
+    pub step_ms: Vec<f64>,
+    /// The steps whose action was a recall.
+    pub recall_steps: Vec<u64>,
 }
 
 impl ArchiveRun {
@@ -82,8 +91,15 @@ impl ArchiveRun {
     }
 }
 
-/// Stamps the time of every accepted answer.
-struct Stamps(Vec<Instant>);
+/// CPU time the process has used so far (zero where the clock cannot be read).
+fn process_cpu() -> Duration {
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// Stamps the time (wall and process CPU) of every accepted answer.
+struct Stamps(Vec<(Instant, Duration)>);
 
 impl RunObserver for Stamps {
     fn attempt(
@@ -94,7 +110,7 @@ impl RunObserver for Stamps {
         result: Result<&AcceptedStep, &RejectedStep>,
     ) {
         if result.is_ok() {
-            self.0.push(Instant::now());
+            self.0.push((Instant::now(), process_cpu()));
         }
     }
 }
@@ -169,7 +185,7 @@ pub async fn run_one(
         .run(&task.id)
         .await
         .map_err(BenchError::Runtime)?;
-    let ended = Instant::now();
+    let ended = (Instant::now(), process_cpu());
     let journal = store.journal(&task.id).await.map_err(BenchError::Store)?;
     let intents = store.intents(&task.id).await.map_err(BenchError::Store)?;
 
@@ -178,7 +194,7 @@ pub async fn run_one(
         .filter(|e| e.verdict == Verdict::Accepted)
         .collect();
     let per_step: Vec<u64> = accepted.iter().map(|e| e.prompt_tokens).collect();
-    let recall_calls = accepted
+    let recall_steps: Vec<u64> = accepted
         .iter()
         .filter(|e| {
             e.action
@@ -187,7 +203,9 @@ pub async fn run_one(
                 .and_then(Value::as_str)
                 == Some(RECALL_TOOL)
         })
-        .count() as u64;
+        .map(|e| e.step)
+        .collect();
+    let recall_calls = recall_steps.len() as u64;
     let total_prompt: u64 = journal.iter().map(|e| e.prompt_tokens).sum();
     let total_completion: u64 = journal
         .iter()
@@ -206,17 +224,15 @@ pub async fn run_one(
     marks.push(ended);
     let step_ms: Vec<f64> = marks
         .windows(2)
-        .map(|w| ms(w[1].duration_since(w[0])))
+        .map(|w| ms(w[1].0.duration_since(w[0].0)))
+        .collect();
+    let step_cpu_ms: Vec<f64> = marks
+        .windows(2)
+        .map(|w| ms(w[1].1.saturating_sub(w[0].1)))
         .collect();
     let steps = per_step.len();
-    let (early, late) = if step_ms.len() >= 3 * WINDOW {
-        (
-            Some(median(&step_ms[WINDOW..2 * WINDOW])),
-            Some(median(&step_ms[step_ms.len() - WINDOW..])),
-        )
-    } else {
-        (None, None)
-    };
+    let (early, late) = windows(&step_ms);
+    let (early_cpu, late_cpu) = windows(&step_cpu_ms);
     let (first_100, last_100) = if steps >= 2 * WINDOW {
         (
             Some(mean(&per_step[..WINDOW])),
@@ -261,12 +277,30 @@ pub async fn run_one(
         step_ms_median: median(&step_ms),
         step_ms_early: early,
         step_ms_late: late,
-        step_time_ratio: early
-            .zip(late)
-            .map(|(early, late)| late / early.max(f64::MIN_POSITIVE)),
+        step_time_ratio: ratio(early, late),
+        step_cpu_ratio: ratio(early_cpu, late_cpu),
         wall_ms: started.elapsed().as_millis() as u64,
         prompt_tokens_per_step: per_step,
+        step_ms,
+        recall_steps,
     })
+}
+
+/// The medians of steps 101–200 and of the last 100 steps; `None` below 300 steps.
+fn windows(per_step: &[f64]) -> (Option<f64>, Option<f64>) {
+    if per_step.len() < 3 * WINDOW {
+        return (None, None);
+    }
+    (
+        Some(median(&per_step[WINDOW..2 * WINDOW])),
+        Some(median(&per_step[per_step.len() - WINDOW..])),
+    )
+}
+
+fn ratio(early: Option<f64>, late: Option<f64>) -> Option<f64> {
+    early
+        .zip(late)
+        .map(|(early, late)| late / early.max(f64::MIN_POSITIVE))
 }
 
 fn ms(d: Duration) -> f64 {
