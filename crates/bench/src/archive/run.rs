@@ -76,6 +76,10 @@ pub struct ArchiveRun {
     /// other programs, but it counts every thread of the process, so it describes this run
     /// alone only when the bench runs one run at a time (`--jobs 1`).
     pub step_cpu_ratio: Option<f64>,
+    /// The wall-time ratio over the same windows without their recall steps: a recall step
+    /// runs a journal search besides the step's own work, and the early window (few items
+    /// stored, all in the state) has none, so this compares like with like.
+    pub step_time_ratio_without_recalls: Option<f64>,
     pub wall_ms: u64,
     /// Every accepted step's prompt tokens, step 1 first (for the chart).
     pub prompt_tokens_per_step: Vec<u64>,
@@ -233,6 +237,23 @@ pub async fn run_one(
     let steps = per_step.len();
     let (early, late) = windows(&step_ms);
     let (early_cpu, late_cpu) = windows(&step_cpu_ms);
+    let warehouse_steps: Vec<Option<f64>> = step_ms
+        .iter()
+        .zip(1u64..)
+        .map(|(ms, step)| (!recall_steps.contains(&step)).then_some(*ms))
+        .collect();
+    let (early_warehouse, late_warehouse) = if step_ms.len() >= 3 * WINDOW {
+        let without = |range: &[Option<f64>]| -> Option<f64> {
+            let kept: Vec<f64> = range.iter().flatten().copied().collect();
+            (!kept.is_empty()).then(|| median(&kept))
+        };
+        (
+            without(&warehouse_steps[WINDOW..2 * WINDOW]),
+            without(&warehouse_steps[step_ms.len() - WINDOW..]),
+        )
+    } else {
+        (None, None)
+    };
     let (first_100, last_100) = if steps >= 2 * WINDOW {
         (
             Some(mean(&per_step[..WINDOW])),
@@ -279,6 +300,7 @@ pub async fn run_one(
         step_ms_late: late,
         step_time_ratio: ratio(early, late),
         step_cpu_ratio: ratio(early_cpu, late_cpu),
+        step_time_ratio_without_recalls: ratio(early_warehouse, late_warehouse),
         wall_ms: started.elapsed().as_millis() as u64,
         prompt_tokens_per_step: per_step,
         step_ms,
