@@ -17,8 +17,11 @@ use crate::routes::inbox::{
     ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
 };
 use crate::routes::journal::ForkRequest;
+use crate::routes::recall::SearchOrder;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{batches, board_events, boards, events, inbox, journal, ops, state, tasks};
+use crate::routes::{
+    batches, board_events, boards, events, inbox, journal, ops, recall, state, tasks,
+};
 use crate::views::*;
 
 #[derive(OpenApi)]
@@ -41,6 +44,7 @@ use crate::views::*;
         journal::state_at_step,
         journal::prompt_at_step,
         journal::fork,
+        recall::search_journal,
         inbox::send_message,
         inbox::list_messages,
         inbox::approve,
@@ -88,6 +92,10 @@ use crate::views::*;
         AnswerView,
         IntentView,
         PromptView,
+        HitKindName,
+        JournalHit,
+        JournalSearchPage,
+        SearchOrder,
         Health,
         EventView,
         EventKindName,
@@ -121,7 +129,7 @@ use crate::views::*;
     tags(
         (name = "tasks", description = "Tasks as wholes"),
         (name = "state", description = "A task's current state"),
-        (name = "journal", description = "A task's history: steps, time travel, forks"),
+        (name = "journal", description = "A task's history: steps, time travel, forks, search"),
         (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
         (name = "batches", description = "Batches of tasks, their figures (counts, tokens, cost, ETA), and stopping and reopening them"),
         (name = "boards", description = "Shared states that several tasks and API clients read and write, each write under the concurrent-write rule"),
