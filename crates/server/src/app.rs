@@ -36,7 +36,7 @@ use crate::offload::Offload;
 use crate::policy::ServicePolicy;
 use crate::problem::finish_problems;
 use crate::routes::{
-    batches, board_events, boards, events, inbox, journal, ops, recall, state, tasks,
+    batches, board_events, boards, events, inbox, journal, ops, provenance, recall, state, tasks,
 };
 
 /// The service's limits.
@@ -225,6 +225,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             crate::auth::STATE_ROUTE,
             get(state::get_state).patch(state::patch_state),
+        )
+        .route(
+            "/v1/tasks/{id}/state/provenance",
+            get(provenance::state_provenance),
         )
         .route("/v1/tasks/{id}/journal", get(recall::search_journal))
         .route("/v1/tasks/{id}/steps", get(journal::list_steps))

@@ -20,7 +20,7 @@ use crate::routes::journal::ForkRequest;
 use crate::routes::recall::SearchOrder;
 use crate::routes::tasks::BatchCreateRequest;
 use crate::routes::{
-    batches, board_events, boards, events, inbox, journal, ops, recall, state, tasks,
+    batches, board_events, boards, events, inbox, journal, ops, provenance, recall, state, tasks,
 };
 use crate::views::*;
 
@@ -39,6 +39,7 @@ use crate::views::*;
         tasks::cancel_task,
         state::get_state,
         state::patch_state,
+        provenance::state_provenance,
         journal::list_steps,
         journal::get_step,
         journal::state_at_step,
@@ -96,6 +97,9 @@ use crate::views::*;
         JournalHit,
         JournalSearchPage,
         SearchOrder,
+        ProvenanceView,
+        ProvenanceWriteView,
+        WriteAuthor,
         Health,
         EventView,
         EventKindName,
@@ -128,7 +132,7 @@ use crate::views::*;
     modifiers(&BearerKey),
     tags(
         (name = "tasks", description = "Tasks as wholes"),
-        (name = "state", description = "A task's current state"),
+        (name = "state", description = "A task's current state, and where its values came from"),
         (name = "journal", description = "A task's history: steps, time travel, forks, search"),
         (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
         (name = "batches", description = "Batches of tasks, their figures (counts, tokens, cost, ETA), and stopping and reopening them"),

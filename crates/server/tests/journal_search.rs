@@ -47,7 +47,12 @@ fn encoded(text: &str) -> String {
 
 /// Every hit of a search, page by page (`limit` a page), following `next_cursor`; and how
 /// many pages it took.
-async fn all_pages(api: &dyn Transport, key: &str, search: &str, limit: u32) -> (Vec<Value>, usize) {
+async fn all_pages(
+    api: &dyn Transport,
+    key: &str,
+    search: &str,
+    limit: u32,
+) -> (Vec<Value>, usize) {
     let mut hits = Vec::new();
     let mut cursor: Option<String> = None;
     let mut pages = 0;
@@ -106,7 +111,10 @@ async fn search_a_warehouse_run(harness: &Harness, api: &dyn Transport) {
     let found = get(
         api,
         &key,
-        &format!("/v1/tasks/{id}/journal?q={}&kind=observation", encoded(&word)),
+        &format!(
+            "/v1/tasks/{id}/journal?q={}&kind=observation",
+            encoded(&word)
+        ),
     )
     .await;
     let hits = found["hits"].as_array().unwrap();
@@ -137,12 +145,14 @@ async fn search_a_warehouse_run(harness: &Harness, api: &dyn Transport) {
     let whole = get(api, &key, &format!("{search}&limit=50")).await;
     let whole = whole["hits"].as_array().unwrap().clone();
     assert!(whole.len() >= 4, "{whole:?}");
-    assert!(whole.iter().all(|h| h["kind"] == "state"
-        && h["pointer"].is_string()
-        && h["text"]
-            .as_str()
-            .unwrap()
-            .starts_with(h["pointer"].as_str().unwrap())));
+    assert!(whole.iter().all(|h| {
+        h["kind"] == "state"
+            && h["pointer"].is_string()
+            && h["text"]
+                .as_str()
+                .unwrap()
+                .starts_with(h["pointer"].as_str().unwrap())
+    }));
     let steps = steps_of(&whole);
     assert!(steps.windows(2).all(|w| w[0] >= w[1]), "{steps:?}");
     assert!(steps[0] > *steps.last().unwrap(), "{steps:?}");
@@ -169,13 +179,7 @@ async fn search_a_warehouse_run(harness: &Harness, api: &dyn Transport) {
     let first = get(api, &key, &format!("{search}&limit=1")).await;
     let cursor = first["next_cursor"].as_str().unwrap();
     let crossed = api
-        .send(
-            Call::get(format!(
-                "{search}&order=oldest&cursor={}",
-                encoded(cursor)
-            ))
-            .key(&key),
-        )
+        .send(Call::get(format!("{search}&order=oldest&cursor={}", encoded(cursor))).key(&key))
         .await;
     assert_eq!(crossed.problem(422)["errors"][0]["pointer"], "/cursor");
 
@@ -322,8 +326,12 @@ impl TaskFactory for VaultFactory {
 async fn write_only_values_are_never_found_nor_shown() {
     let db = Db::sqlite().await;
     let store = db.store.clone();
-    let state = AppState::with_config(store.clone(), Arc::new(VaultFactory), ServerConfig::default())
-        .with_policy(ServicePolicy::default().with_models(["scripted".to_owned()]));
+    let state = AppState::with_config(
+        store.clone(),
+        Arc::new(VaultFactory),
+        ServerConfig::default(),
+    )
+    .with_policy(ServicePolicy::default().with_models(["scripted".to_owned()]));
     let harness = Harness {
         db,
         state: state.clone(),
@@ -381,7 +389,12 @@ async fn write_only_values_are_never_found_nor_shown() {
     }
     assert!(text.contains("[redacted]"), "{text}");
     // The writes under /creds: the user's name, never a write-only location.
-    let writes = get(&api, &key, &format!("/v1/tasks/{id}/journal?pointer=/creds")).await;
+    let writes = get(
+        &api,
+        &key,
+        &format!("/v1/tasks/{id}/journal?pointer=/creds"),
+    )
+    .await;
     let pointers: Vec<&str> = writes["hits"]
         .as_array()
         .unwrap()
@@ -389,6 +402,24 @@ async fn write_only_values_are_never_found_nor_shown() {
         .map(|h| h["pointer"].as_str().unwrap())
         .collect();
     assert_eq!(pointers, vec!["/creds/user"], "{writes}");
+    // Where the password came from: the step, never the value.
+    let found = api
+        .send(
+            Call::get(format!(
+                "/v1/tasks/{id}/state/provenance?pointer=/creds&all=true"
+            ))
+            .key(&key),
+        )
+        .await;
+    let text = String::from_utf8_lossy(&found.body).into_owned();
+    assert!(
+        !text.contains(PASSWORD) && !text.contains(TOKEN),
+        "provenance leaks a secret: {text}"
+    );
+    let found = found.expect(200).json();
+    assert_eq!(found["current"]["password"], "[redacted]", "{found}");
+    assert_eq!(found["writes"][0]["step"], 1);
+    assert_eq!(found["writes"][0]["patch"]["creds"]["token"], "[redacted]");
     api.stop().await;
     harness.db.destroy().await;
 }

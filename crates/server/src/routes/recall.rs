@@ -381,7 +381,11 @@ mod tests {
         assert_eq!(params.query.words, vec!["item_4298", "shelf"]);
         assert_eq!(
             params.query.kinds,
-            vec![RecallKind::Observation, RecallKind::State, RecallKind::Action]
+            vec![
+                RecallKind::Observation,
+                RecallKind::State,
+                RecallKind::Action
+            ]
         );
         assert_eq!(
             (params.query.from_step, params.query.to_step),

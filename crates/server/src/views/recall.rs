@@ -4,7 +4,10 @@
 use serde::Serialize;
 use serde_json::Value;
 use skillstate_core::recall::{RecallHit, RecallKind};
+use skillstate_runtime::provenance::{Author, Provenance, ProvenanceWrite};
 use utoipa::ToSchema;
+
+use super::rfc3339;
 
 /// What a hit is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, ToSchema)]
@@ -107,7 +110,51 @@ pub struct ProvenanceView {
     /// The value there now; `null` when nothing is there. A write-only value reads
     /// `"[redacted]"`.
     pub current: Option<Value>,
-    /// The writes, newest first: the one that wrote the current value, and with `all=true`
-    /// every earlier one the journal keeps.
+    /// The steps that wrote at, above or below the location, newest first: without `all`,
+    /// those since the value last changed (the write that set it, and any that wrote it
+    /// again); with `all=true`, every one the journal keeps (at most 1,000).
     pub writes: Vec<ProvenanceWriteView>,
+    /// Writes older than the listed ones that the 1,000 limit left out.
+    pub older_writes: u64,
+    /// The first step the journal still holds (older ones were compacted away).
+    pub kept_from: u64,
+}
+
+impl WriteAuthor {
+    pub fn of(author: Author) -> Self {
+        match author {
+            Author::Model { model } => WriteAuthor::Model { model },
+            Author::ApiKey { key } => WriteAuthor::ApiKey { key },
+        }
+    }
+}
+
+impl ProvenanceWriteView {
+    pub fn of(write: ProvenanceWrite) -> Self {
+        Self {
+            step: write.step,
+            value: write.value,
+            patch: write.patch,
+            observation: write.observation,
+            author: WriteAuthor::of(write.author),
+            created_at: rfc3339(write.created_at),
+        }
+    }
+}
+
+impl ProvenanceView {
+    /// The runtime's answer (already redacted for the task's reader) as the API shows it.
+    pub fn of(found: Provenance) -> Self {
+        Self {
+            pointer: found.pointer,
+            current: found.current,
+            writes: found
+                .writes
+                .into_iter()
+                .map(ProvenanceWriteView::of)
+                .collect(),
+            older_writes: found.older_writes,
+            kept_from: found.kept_from,
+        }
+    }
 }
