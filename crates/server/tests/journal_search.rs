@@ -15,9 +15,9 @@ use skillstate_providers::ScriptedModel;
 use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
 use skillstate_server::{
     ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, ServicePolicy, TaskFactory,
-    check_initial_state,
+    check_initial_state, hash_secret, new_key_secret,
 };
-use skillstate_store::{NewTask, TaskStatus};
+use skillstate_store::{NewKey, NewTask, TaskStatus};
 use skillstate_tools::UserRequest;
 use support::*;
 
@@ -234,6 +234,24 @@ async fn search_a_warehouse_run(harness: &Harness, api: &dyn Transport) {
     api.send(Call::get(format!("/v1/tasks/{id}/journal?q=a")))
         .await
         .problem(401);
+    // A key of the same tenant limited to board pointers is refused, as on every task route.
+    let limited = new_key_secret();
+    harness
+        .store()
+        .create_key(&NewKey {
+            tenant: "acme".into(),
+            label: "boards only".into(),
+            secret_hash: hash_secret(&limited),
+            scopes: Some(json!({"board": {"reads": ["/plan"], "writes": []}})),
+        })
+        .await
+        .unwrap();
+    for path in [
+        format!("/v1/tasks/{id}/journal?q={}", encoded(&word)),
+        format!("/v1/tasks/{id}/state/provenance?pointer=/inventory"),
+    ] {
+        api.send(Call::get(path).key(&limited)).await.problem(403);
+    }
 }
 
 /// A task id no task has.

@@ -28,7 +28,7 @@ const MAX_POINTER_BYTES: usize = 1024;
 #[into_params(parameter_in = Query)]
 pub struct ProvenanceQuery {
     /// The state location (RFC 6901), such as `/inventory/shelf_122`; empty: the whole state.
-    #[param(max_length = 1024)]
+    #[param(max_length = 1024, example = "/inventory/shelf_122")]
     pub pointer: String,
     /// `true`: every write the journal keeps, not only those since the value last changed.
     pub all: Option<bool>,

@@ -41,11 +41,11 @@ pub struct SearchJournalQuery {
     /// Words to find (at most 16, 512 bytes). Every word must match; a word is matched as its
     /// runs of letters and digits in a row, case folded (`item_4298` is `item 4298`). Give `q`,
     /// `pointer`, or both.
-    #[param(max_length = 512)]
+    #[param(max_length = 512, example = "item_4298")]
     pub q: Option<String>,
     /// Only state writes at or below this location (an RFC 6901 pointer such as
     /// `/inventory/shelf_122`; empty: the whole state).
-    #[param(max_length = 512)]
+    #[param(max_length = 512, example = "/inventory")]
     pub pointer: Option<String>,
     /// Only entries of these kinds (repeat the parameter, or separate with commas); with
     /// `pointer`, only `state`.
