@@ -5,6 +5,7 @@ pub mod keys;
 pub mod lineage;
 pub mod run;
 pub mod say;
+pub mod search;
 pub mod serve;
 pub mod show;
 pub mod tasks;
