@@ -12,6 +12,7 @@ pub mod tasks;
 pub mod tools;
 pub mod validate;
 pub mod view;
+pub mod why;
 pub mod worker;
 
 use std::path::Path;
