@@ -306,7 +306,7 @@ mod tests {
     fn a_bad_query_names_its_flag() {
         for (line, flag) in [
             (&["t1"][..], "WORDS"),
-            (&["t1", "---"][..], "WORDS"),
+            (&["t1", "..."][..], "WORDS"),
             (&["t1", "--pointer", "inventory"][..], "--pointer"),
             (
                 &["t1", "--pointer", "/a", "--kind", "observation"][..],
