@@ -112,7 +112,14 @@ pub async fn run(db: &str, args: SearchArgs) -> Result<ExitCode> {
     }
     print_hits(&task.id, &query, &page.hits, args.after.is_some());
     if let Some(next) = next {
-        outln!("more matches exist: run the same command with --after {next} for the next page");
+        let instead = args
+            .after
+            .as_deref()
+            .map(|given| format!(" (in place of --after {given})"))
+            .unwrap_or_default();
+        outln!(
+            "more matches exist: run the same command with --after {next}{instead} for the next page"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
