@@ -475,3 +475,46 @@ fn a_fork_searches_its_parents_history_up_to_the_fork_point_only() {
         "{why}"
     );
 }
+
+/// A state write made through the runtime as the service's PATCH makes it, by an API key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_why_names_the_api_key_of_a_state_write() {
+    use std::sync::Arc;
+
+    use skillstate_runtime::{StateWrite, write_state};
+    use skillstate_store::{SqliteStore, Store, Synchronous};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("skillstate.db");
+    let id = run_demo(&db);
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(db.to_str().unwrap(), Synchronous::Full)
+            .await
+            .unwrap(),
+    );
+    let patch = json!({"inventory": {"shelf_480": "item_77"}});
+    let written = write_state(
+        &store,
+        &StateWrite {
+            task: &id,
+            if_match: 10,
+            patch: &patch,
+            author: "key-id-4f2a",
+            checked: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(written.version, 11);
+    drop(store);
+
+    let why = ok(&db, &["show", &id, "--why", "/inventory/shelf_480"]);
+    assert!(
+        why.contains("now      \"item_77\"")
+            && why.contains("\nstep 11 ")
+            && why.contains("by API key key-id-4f2a (a state PATCH through the service)"),
+        "{why}"
+    );
+    let found = ok(&db, &["search", &id, "item_77"]);
+    assert_eq!(rows(&found), vec![(11, "state".to_owned())], "{found}");
+}
