@@ -22,10 +22,19 @@ fn text(bytes: &[u8]) -> String {
 
 /// The binary on `db`, with its data directory in the test's temp dir.
 fn skillstate(db: &Path, args: &[&str]) -> Output {
+    skillstate_on(
+        db.to_str().unwrap(),
+        &db.parent().unwrap().join("data"),
+        args,
+    )
+}
+
+/// The binary on a database location (a SQLite path or a postgres:// URL).
+fn skillstate_on(location: &str, data_dir: &Path, args: &[&str]) -> Output {
     Command::new(binary())
         .current_dir(repo_root())
-        .env("SKILLSTATE_DB", db)
-        .env("SKILLSTATE_DATA_DIR", db.parent().unwrap().join("data"))
+        .env("SKILLSTATE_DB", location)
+        .env("SKILLSTATE_DATA_DIR", data_dir)
         .args(args)
         .output()
         .expect("the skillstate binary runs")
@@ -517,4 +526,108 @@ async fn show_why_names_the_api_key_of_a_state_write() {
     );
     let found = ok(&db, &["search", &id, "item_77"]);
     assert_eq!(rows(&found), vec![(11, "state".to_owned())], "{found}");
+}
+
+/// The same run on PostgreSQL (its full-text index) prints what SQLite prints.
+#[tokio::test]
+async fn postgres_searches_and_explains_as_sqlite_does() {
+    let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if url == "off" {
+        common::skip::skip_test(
+            "SKILLSTATE_TEST_POSTGRES_URL=off",
+            "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
+        );
+        return;
+    }
+    use sqlx::Connection;
+    let schema = format!("recall_cli_{}", std::process::id());
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let location = format!("{url}?options=-c%20search_path%3D{schema}");
+    let tmp = tempfile::tempdir().unwrap();
+    let sqlite = tmp.path().join("skillstate.db");
+    let lite = run_demo(&sqlite);
+    let data = tmp.path().join("data");
+    let pg = |args: &[&str]| {
+        let out = skillstate_on(&location, &data, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    pg(&["run", "skills/warehouse", "--model", DEMO]);
+    let id = pg(&["tasks"])
+        .lines()
+        .nth(1)
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let same = |text: String, id: &str| {
+        let cursor = without_cursor(&text);
+        cursor.replace(id, "[TASK]")
+    };
+    for args in [
+        vec!["search", "{id}", "item_4298"],
+        vec!["search", "{id}", "--pointer", "/inventory", "--limit", "5"],
+        vec![
+            "search",
+            "{id}",
+            "shelf",
+            "--kind",
+            "reasoning",
+            "--oldest-first",
+        ],
+        vec!["show", "{id}", "--why", "/inventory/shelf_122", "--all"],
+    ] {
+        let with = |task: &str| -> Vec<String> {
+            args.iter()
+                .map(|a| a.replace("{id}", task))
+                .collect::<Vec<_>>()
+        };
+        let on_pg = with(&id);
+        let on_lite = with(&lite);
+        let on_pg: Vec<&str> = on_pg.iter().map(String::as_str).collect();
+        let on_lite: Vec<&str> = on_lite.iter().map(String::as_str).collect();
+        let expected = same(ok(&sqlite, &on_lite), &lite);
+        let found = same(pg(&on_pg), &id);
+        assert!(found.lines().count() > 3, "{args:?}: {found}");
+        // Times differ between the two runs: `step N  <time>  by …`.
+        let times = |t: String| {
+            t.lines()
+                .map(|l| {
+                    let parts: Vec<&str> = l.splitn(3, "  ").collect();
+                    match parts.as_slice() {
+                        [step, _, by] if step.starts_with("step ") => {
+                            format!("{step}  [TIME]  {by}")
+                        }
+                        _ => l.to_owned(),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(times(found), times(expected), "{args:?}");
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+}
+
+/// `text` with the next-page cursor (entry ids differ between databases) left out.
+fn without_cursor(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.split_once("--after ") {
+            Some((head, _)) => format!("{head}--after [CURSOR]"),
+            None => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
