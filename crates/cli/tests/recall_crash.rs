@@ -30,7 +30,9 @@ fn command(db: &Path) -> Command {
 /// The index as stored.
 async fn indexed(db: &Path, task: &str) -> Vec<Entry> {
     let options = sqlx::sqlite::SqliteConnectOptions::new().filename(db);
-    let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
     let rows: Vec<(i64, String, Option<String>, String)> = sqlx::query_as(
         "SELECT step, kind, pointer, text FROM recall_entries WHERE task_id = ? ORDER BY step, id",
     )
@@ -65,7 +67,12 @@ async fn replayed(store: &SqliteStore, task: &str) -> Vec<Entry> {
             .iter()
             .any(|i| i.step + 1 == step && i.tool == RECALL_TOOL);
         if !text.is_empty() && !after_recall {
-            entries.push((step, "observation".into(), None, text.chars().take(16384).collect()));
+            entries.push((
+                step,
+                "observation".into(),
+                None,
+                text.chars().take(16384).collect(),
+            ));
         }
     }
     entries.sort();
@@ -91,17 +98,29 @@ async fn a_killed_runs_index_is_what_its_journal_rebuilds() {
         .env("SKILLSTATE_FAILPOINT", "after_commit:3")
         .output()
         .unwrap();
-    assert_eq!(killed.status.signal(), Some(9), "the run dies right after a commit");
+    assert_eq!(
+        killed.status.signal(),
+        Some(9),
+        "the run dies right after a commit"
+    );
     let task = open(&db).await.list_tasks().await.unwrap()[0].id.clone();
 
     let mut checked = Vec::new();
     for failpoint in ["after_tool:2", "before_model:3", "after_commit:2", ""] {
         let store = open(&db).await;
         let index = indexed(&db, &task).await;
-        assert_eq!(index, replayed(&store, &task).await, "after the kill before {failpoint:?}");
+        assert_eq!(
+            index,
+            replayed(&store, &task).await,
+            "after the kill before {failpoint:?}"
+        );
         // The last committed step is found: its writes are in the index.
         let version = store.task(&task).await.unwrap().version;
-        assert!(index.iter().any(|(step, kind, _, _)| *step == version && kind == "action"));
+        assert!(
+            index
+                .iter()
+                .any(|(step, kind, _, _)| *step == version && kind == "action")
+        );
         checked.push(index.len());
         store.release().await;
         drop(store);
@@ -113,7 +132,11 @@ async fn a_killed_runs_index_is_what_its_journal_rebuilds() {
         }
         let output = resume.output().unwrap();
         if failpoint.is_empty() {
-            assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
         } else {
             assert_eq!(
                 output.status.signal(),
@@ -127,10 +150,19 @@ async fn a_killed_runs_index_is_what_its_journal_rebuilds() {
     let store = open(&db).await;
     let index = indexed(&db, &task).await;
     assert_eq!(index, replayed(&store, &task).await, "at the end");
-    assert!(checked.windows(2).all(|w| w[0] < w[1]), "every resume added steps: {checked:?}");
+    assert!(
+        checked.windows(2).all(|w| w[0] < w[1]),
+        "every resume added steps: {checked:?}"
+    );
     // And search finds what the run did, through the store.
     let query = RecallQuery::new(None, Some("/inventory")).unwrap();
-    let hits = store.search_journal(&task, &query, None, 1000).await.unwrap();
-    let writes = index.iter().filter(|(_, kind, _, _)| kind == "state").count();
+    let hits = store
+        .search_journal(&task, &query, None, 1000)
+        .await
+        .unwrap();
+    let writes = index
+        .iter()
+        .filter(|(_, kind, _, _)| kind == "state")
+        .count();
     assert_eq!(hits.len(), writes);
 }

@@ -22,7 +22,7 @@ const SECRET: &str = "zq-secret-774411";
 
 /// The warehouse skill allowing `recall`, with a write-only `token` in its state.
 fn recall_skill(root: &Path, seed: u64, events: u32) -> Skill {
-    let dir = root.join("warehouse-recall");
+    let dir = root.join("skill").join("warehouse");
     std::fs::create_dir_all(&dir).unwrap();
     for file in ["SKILL.md", "state.init.json"] {
         std::fs::copy(warehouse_skill_dir().join(file), dir.join(file)).unwrap();
@@ -36,7 +36,7 @@ fn recall_skill(root: &Path, seed: u64, events: u32) -> Skill {
     std::fs::write(
         dir.join("skill.toml"),
         format!(
-            "[budgets]\nrecall_tokens = 300\n[run]\nmax_steps = 100\n[tools]\nallow = [\"warehouse\", \"recall\"]\n[environment]\nkind = \"warehouse\"\nseed = {seed}\nevents = {events}\n"
+            "[budgets]\nrecall_tokens = 600\n[run]\nmax_steps = 100\n[tools]\nallow = [\"warehouse\", \"recall\"]\n[environment]\nkind = \"warehouse\"\nseed = {seed}\nevents = {events}\n"
         ),
     )
     .unwrap();
@@ -56,8 +56,13 @@ async fn run(root: &Path, answers: Vec<String>) -> (Arc<dyn Store>, String) {
     let mut env = warehouse(11, 8);
     let model = scripted(answers);
     let options = TaskOptions::new(model.spec(), skillstate_core::ContextStrategy::State);
-    let task = start_task(store.as_ref(), &skill, &mut env, &options).await.unwrap();
-    assert!(task.tools.iter().any(|t| t.name == "recall"), "the task is created with recall");
+    let task = start_task(store.as_ref(), &skill, &mut env, &options)
+        .await
+        .unwrap();
+    assert!(
+        task.tools.iter().any(|t| t.name == "recall"),
+        "the task is created with recall"
+    );
     Runner::new(store.clone(), model, &mut env, &mut NoProgress)
         .run(&task.id)
         .await
@@ -85,7 +90,7 @@ async fn recall_finds_earlier_steps_and_its_result_is_the_next_observation() {
         &format!("Where did {item} go?"),
         json!({}),
         "recall",
-        json!({"query": item}),
+        json!({"query": item, "limit": 20}),
     ));
     answers.push(answer(
         "Bad arguments.",
@@ -99,7 +104,9 @@ async fn recall_finds_earlier_steps_and_its_result_is_the_next_observation() {
     let recalled = store.observation(&task, 5).await.unwrap().unwrap();
     assert!(recalled.starts_with("Recall: "), "{recalled}");
     assert!(
-        recalled.contains(&format!("[step 1 action] store {{\"item\":\"{item}\",\"shelf\":\"{shelf}\"}}")),
+        recalled.contains(&format!(
+            "[step 1 action] store {{\"item\":\"{item}\",\"shelf\":\"{shelf}\"}}"
+        )),
         "{recalled}"
     );
     assert!(
@@ -114,7 +121,13 @@ async fn recall_finds_earlier_steps_and_its_result_is_the_next_observation() {
         .filter_map(|l| l.strip_prefix("[step ")?.split(' ').next()?.parse().ok())
         .collect();
     assert!(steps.windows(2).all(|w| w[0] >= w[1]), "{steps:?}");
-    assert!(skillstate_core::count_tokens(&recalled) <= 300 + 50, "bounded by recall_tokens");
+    let result = recalled.split("\nMaintenance").next().unwrap_or(&recalled);
+    let result = result.split("\nShipment").next().unwrap_or(result);
+    let result = result.split("\nCustomer").next().unwrap_or(result);
+    assert!(
+        skillstate_core::count_tokens(result) <= 600,
+        "bounded by recall_tokens"
+    );
 
     let refused = store.observation(&task, 6).await.unwrap().unwrap();
     assert!(
@@ -123,7 +136,10 @@ async fn recall_finds_earlier_steps_and_its_result_is_the_next_observation() {
     );
     // The recall result was not indexed again: the item is found where it was, not in step 5.
     let query = skillstate_core::recall::RecallQuery::new(Some(&item), None).unwrap();
-    let hits = store.search_journal(&task, &query, None, 100).await.unwrap();
+    let hits = store
+        .search_journal(&task, &query, None, 100)
+        .await
+        .unwrap();
     assert!(hits.iter().all(|h| h.step != 5), "{hits:?}");
 }
 
@@ -142,11 +158,31 @@ async fn recall_never_shows_a_write_only_value() {
             first["action"]["args"].clone(),
         ),
         // Overwritten: an older write-only value stays hidden too.
-        answer("Rotate the token.", json!({"token": "another-value-99"}), "wait", json!({})),
+        answer(
+            "Rotate the token.",
+            json!({"token": "another-value-99"}),
+            "wait",
+            json!({}),
+        ),
         answer("Find it.", json!({}), "recall", json!({"query": SECRET})),
-        answer("Find the note.", json!({}), "recall", json!({"query": "saved the token"})),
-        answer("Find the writes.", json!({}), "recall", json!({"pointer": "/token"})),
-        answer("Find by a piece.", json!({}), "recall", json!({"query": "774411"})),
+        answer(
+            "Find the note.",
+            json!({}),
+            "recall",
+            json!({"query": "saved the token"}),
+        ),
+        answer(
+            "Find the writes.",
+            json!({}),
+            "recall",
+            json!({"pointer": "/token"}),
+        ),
+        answer(
+            "Find by a piece.",
+            json!({}),
+            "recall",
+            json!({"query": "774411"}),
+        ),
         answer("Done.", json!({}), "finish", json!({})),
     ];
     let (store, task) = run(tmp.path(), answers).await;
@@ -155,11 +191,22 @@ async fn recall_never_shows_a_write_only_value() {
         shown.push(store.observation(&task, step).await.unwrap().unwrap());
     }
     for text in &shown {
-        assert!(!text.contains(SECRET) && !text.contains("774411"), "{text}");
+        assert!(!text.contains(SECRET), "{text}");
+        // A piece of the value is found nowhere either (the query itself is the model's own).
+        assert!(
+            text.lines()
+                .filter(|l| l.starts_with("[step"))
+                .all(|l| !l.contains("774411")),
+            "{text}"
+        );
         assert!(!text.contains("another-value-99"), "{text}");
     }
     assert!(shown[0].starts_with("Recall: no matches"), "{}", shown[0]);
-    assert!(shown[1].contains("[step 1 reasoning] Stored. I saved the token"), "{}", shown[1]);
+    assert!(
+        shown[1].contains("[step 1 reasoning] Stored. I saved the token"),
+        "{}",
+        shown[1]
+    );
     assert!(shown[2].starts_with("Recall: no matches"), "{}", shown[2]);
     assert!(shown[3].starts_with("Recall: no matches"), "{}", shown[3]);
 }
@@ -169,18 +216,28 @@ async fn provenance_names_each_writing_step_its_observation_and_its_author() {
     let tmp = tempfile::tempdir().unwrap();
     let correct = correct_answers(11, 8);
     let (item, shelf) = first_store(&correct);
-    let mut answers: Vec<String> = correct[..2].to_vec();
+    let mut answers: Vec<String> = correct[..1].to_vec();
     answers.push(answer("Done.", json!({}), "finish", json!({})));
     let (store, task) = run(tmp.path(), answers).await;
     let pointer = format!("/inventory/{shelf}");
     let record = store.task(&task).await.unwrap();
-    let why = provenance(store.as_ref(), &record, &pointer, false).await.unwrap();
+    let why = provenance(store.as_ref(), &record, &pointer, false)
+        .await
+        .unwrap();
     assert_eq!(why.current, Some(json!(item)));
     assert_eq!(why.writes.len(), 1, "{why:#?}");
     assert_eq!(why.writes[0].step, 1);
     assert_eq!(why.writes[0].value, Some(json!(item)));
-    assert!(why.writes[0].observation.as_deref().unwrap().contains(&item));
-    assert!(matches!(&why.writes[0].author, Author::Model { model } if model.starts_with("scripted")));
+    assert!(
+        why.writes[0]
+            .observation
+            .as_deref()
+            .unwrap()
+            .contains(&item)
+    );
+    assert!(
+        matches!(&why.writes[0].author, Author::Model { model } if model.starts_with("scripted"))
+    );
 
     // A write through the service: the next answer names its key, and every past value stays.
     let patch = json!({"inventory": {shelf.clone(): "item_999999"}, "token": SECRET});
@@ -197,17 +254,36 @@ async fn provenance_names_each_writing_step_its_observation_and_its_author() {
     .await
     .unwrap();
     let record = store.task(&task).await.unwrap();
-    let why = provenance(store.as_ref(), &record, &pointer, false).await.unwrap();
+    let why = provenance(store.as_ref(), &record, &pointer, false)
+        .await
+        .unwrap();
     assert_eq!(why.current, Some(json!("item_999999")));
     assert_eq!(why.writes.len(), 1);
-    assert_eq!(why.writes[0].author, Author::ApiKey { key: "key_ops_1".into() });
-    assert!(!why.writes[0].patch.to_string().contains(SECRET), "{}", why.writes[0].patch);
-    let all = provenance(store.as_ref(), &record, &pointer, true).await.unwrap();
+    assert_eq!(
+        why.writes[0].author,
+        Author::ApiKey {
+            key: "key_ops_1".into()
+        }
+    );
+    assert!(
+        !why.writes[0].patch.to_string().contains(SECRET),
+        "{}",
+        why.writes[0].patch
+    );
+    let all = provenance(store.as_ref(), &record, &pointer, true)
+        .await
+        .unwrap();
     assert_eq!(
         all.writes.iter().map(|w| w.step).collect::<Vec<_>>(),
         vec![record.version, 1]
     );
-    let token = provenance(store.as_ref(), &record, "/token", true).await.unwrap();
+    let token = provenance(store.as_ref(), &record, "/token", true)
+        .await
+        .unwrap();
     assert!(!serde_json::to_string(&token).unwrap().contains(SECRET));
-    assert!(provenance(store.as_ref(), &record, "inventory", false).await.is_err());
+    assert!(
+        provenance(store.as_ref(), &record, "inventory", false)
+            .await
+            .is_err()
+    );
 }

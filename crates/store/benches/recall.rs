@@ -52,13 +52,20 @@ fn task() -> NewTask {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
     }
 }
 
 async fn fill(store: &dyn Store) -> String {
-    let task = store.create_task(task(), &json!({"recent": {}, "handled": 0})).await.expect("task").id;
+    let task = store
+        .create_task(task(), &json!({"recent": {}, "handled": 0}))
+        .await
+        .expect("task")
+        .id;
     let mut state = json!({"recent": {}, "handled": 0});
     let mut rng = Lcg(7);
     for step in 1..=STEPS {
@@ -72,7 +79,10 @@ async fn fill(store: &dyn Store) -> String {
         {
             patch["recent"][oldest.clone()] = Value::Null;
         }
-        let new_state = StatePatch::from_value(&patch).expect("patch").apply(&state).expect("applies");
+        let new_state = StatePatch::from_value(&patch)
+            .expect("patch")
+            .apply(&state)
+            .expect("applies");
         let action = json!({"tool": "store", "args": {"item": item, "shelf": shelf}});
         let output = json!({"reasoning": format!("Store {item} on {shelf} as the alert asks."), "state_patch": patch, "action": action}).to_string();
         let commit = StepCommit {
@@ -105,7 +115,10 @@ async fn fill(store: &dyn Store) -> String {
             previous_result: None,
             next_observation: None,
         };
-        store.commit_step(&task, step - 1, &commit).await.expect("commit");
+        store
+            .commit_step(&task, step - 1, &commit)
+            .await
+            .expect("commit");
         let next_item = format!("item_{}", rng.next(ITEMS));
         let next_shelf = format!("shelf_{}", rng.next(SHELVES));
         store
@@ -135,9 +148,13 @@ async fn percentiles(store: &dyn Store, task: &str) -> (f64, f64) {
     let mut rng = Lcg(99);
     let mut times = Vec::with_capacity(1000);
     for _ in 0..1000 {
-        let query = RecallQuery::new(Some(&format!("item_{}", rng.next(ITEMS))), None).expect("query");
+        let query =
+            RecallQuery::new(Some(&format!("item_{}", rng.next(ITEMS))), None).expect("query");
         let started = Instant::now();
-        let hits = store.search_journal(task, &query, None, 6).await.expect("search");
+        let hits = store
+            .search_journal(task, &query, None, 6)
+            .await
+            .expect("search");
         times.push(started.elapsed().as_secs_f64() * 1e6);
         std::hint::black_box(hits);
     }
@@ -158,10 +175,15 @@ fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("recall.db");
     let sqlite = runtime
-        .block_on(SqliteStore::open(path.to_str().expect("UTF-8"), Synchronous::Normal))
+        .block_on(SqliteStore::open(
+            path.to_str().expect("UTF-8"),
+            Synchronous::Normal,
+        ))
         .expect("open SQLite");
     let task = runtime.block_on(fill(&sqlite));
-    let stats = runtime.block_on(sqlite.storage_stats(&task)).expect("stats");
+    let stats = runtime
+        .block_on(sqlite.storage_stats(&task))
+        .expect("stats");
     let index_bytes: i64 = runtime
         .block_on(
             sqlx::query_scalar(
@@ -184,8 +206,11 @@ fn bench(c: &mut Criterion) {
     let mut rng = Lcg(5);
     group.bench_function("sqlite/item_newest_5", |b| {
         b.iter(|| {
-            let query = RecallQuery::new(Some(&format!("item_{}", rng.next(ITEMS))), None).expect("query");
-            runtime.block_on(sqlite.search_journal(&task, &query, None, 6)).expect("search")
+            let query =
+                RecallQuery::new(Some(&format!("item_{}", rng.next(ITEMS))), None).expect("query");
+            runtime
+                .block_on(sqlite.search_journal(&task, &query, None, 6))
+                .expect("search")
         })
     });
 
@@ -210,15 +235,21 @@ fn bench(c: &mut Criterion) {
                 );
                 group.bench_function("postgres/item_newest_5", |b| {
                     b.iter(|| {
-                        let query = RecallQuery::new(Some(&format!("item_{}", rng.next(ITEMS))), None).expect("query");
-                        runtime.block_on(pg.search_journal(&task, &query, None, 6)).expect("search")
+                        let query =
+                            RecallQuery::new(Some(&format!("item_{}", rng.next(ITEMS))), None)
+                                .expect("query");
+                        runtime
+                            .block_on(pg.search_journal(&task, &query, None, 6))
+                            .expect("search")
                     })
                 });
                 runtime.block_on(async {
                     if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
-                        let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
-                            .execute(&mut conn)
-                            .await;
+                        let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+                            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                        )))
+                        .execute(&mut conn)
+                        .await;
                     }
                 });
             }
