@@ -287,3 +287,102 @@ async fn provenance_names_each_writing_step_its_observation_and_its_author() {
             .is_err()
     );
 }
+
+/// A board member recalls its own history only as its reader sees it: nothing of the board
+/// outside its reads (never in its journal), and no write-only value of the board.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_board_members_recall_stays_inside_its_reads() {
+    use skillstate_core::board::{BoardScope, BoardTable};
+    use skillstate_core::skill::SkillSettings;
+    use skillstate_core::{ContextStrategy, SkillDefinition};
+    use skillstate_runtime::start_board_task;
+    use skillstate_store::NewBoard;
+    use skillstate_tools::UserRequest;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let (sqlite, _) = sqlite_store(tmp.path()).await;
+    let store: Arc<dyn Store> = sqlite;
+    let board = store
+        .create_board(NewBoard {
+            name: "shared".into(),
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "vault": {"type": "object", "properties": {"code": {"type": "string", "writeOnly": true}}}
+                }
+            }),
+            initial_state: json!({"pub": {}, "vault": {}, "hidden": {"x": "walrus-in-hiding"}}),
+            tenant: None,
+        })
+        .await
+        .unwrap();
+    let mut settings = SkillSettings::default();
+    settings.run.max_steps = 10;
+    settings.tools.allow = vec!["recall".into()];
+    settings.board = Some(
+        BoardScope::parse(&BoardTable {
+            reads: vec!["/pub".into(), "/vault".into()],
+            writes: vec!["/pub".into(), "/vault".into()],
+        })
+        .unwrap(),
+    );
+    let skill = Skill::from_definition(SkillDefinition {
+        name: "member".into(),
+        description: "A member that recalls".into(),
+        metadata: None,
+        procedure: "Write your part of the board, recall, then finish.".into(),
+        schema: json!({"type": "object"}),
+        initial_state: json!({}),
+        settings,
+    })
+    .unwrap();
+    let code = "vault-code-5521-zz";
+    let answers = vec![
+        answer(
+            "Write the note and the code.",
+            json!({"board": {"pub": {"note": "penguin"}, "vault": {"code": code}}}),
+            "recall",
+            json!({"query": "walrus"}),
+        ),
+        answer(
+            "Look for the code.",
+            json!({}),
+            "recall",
+            json!({"query": code}),
+        ),
+        answer(
+            "Look for the note.",
+            json!({}),
+            "recall",
+            json!({"query": "penguin"}),
+        ),
+        answer("Done.", json!({}), "finish", json!({"result": "done"})),
+    ];
+    let model = scripted(answers);
+    let mut env = UserRequest::new("Do your part.");
+    let task = start_board_task(
+        store.as_ref(),
+        &skill,
+        &mut env,
+        &TaskOptions::new(model.spec(), ContextStrategy::State),
+        &board.id,
+        &board.name,
+    )
+    .await
+    .unwrap();
+    Runner::new(store.clone(), model, &mut env, &mut NoProgress)
+        .run(&task.id)
+        .await
+        .unwrap();
+    let walrus = store.observation(&task.id, 2).await.unwrap().unwrap();
+    assert!(walrus.starts_with("Recall: no matches"), "{walrus}");
+    let vault = store.observation(&task.id, 3).await.unwrap().unwrap();
+    assert!(vault.starts_with("Recall: no matches"), "{vault}");
+    assert!(!vault.contains(code), "{vault}");
+    let note = store.observation(&task.id, 4).await.unwrap().unwrap();
+    assert!(
+        note.contains("[step 1 state] /board/pub/note = \"penguin\""),
+        "{note}"
+    );
+    assert!(!note.contains(code), "{note}");
+}
