@@ -19,8 +19,11 @@ impl SqliteStore {
         let mut sql = String::from("SELECT e.id, e.step, e.kind, e.pointer, e.text FROM ");
         let words = query.fts5_match();
         if words.is_some() {
+            // CROSS JOIN keeps the full-text match as the outer loop: left to choose, SQLite
+            // walks the task's entries in step order and probes the match once per entry (a
+            // 700-step journal took 190 ms per query instead of 0.3 ms).
             sql.push_str(
-                "recall_fts JOIN recall_entries e ON e.id = recall_fts.rowid WHERE recall_fts MATCH ? AND e.task_id = ?",
+                "recall_fts CROSS JOIN recall_entries e ON e.id = recall_fts.rowid WHERE recall_fts MATCH ? AND e.task_id = ?",
             );
         } else {
             sql.push_str("recall_entries e WHERE e.task_id = ?");
