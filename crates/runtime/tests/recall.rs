@@ -16,7 +16,6 @@ use skillstate_core::Skill;
 use skillstate_runtime::provenance::{Author, provenance};
 use skillstate_runtime::{NoProgress, Runner, StateWrite, TaskOptions, start_task, write_state};
 use skillstate_store::Store;
-use skillstate_store::prelude::*;
 
 const SECRET: &str = "zq-secret-774411";
 
