@@ -77,6 +77,9 @@ enum Command {
     Tasks,
     /// Show a task: its state and one row per step, or the state/prompt of one step.
     Show(commands::show::ShowArgs),
+    /// Search a task's journal: observations, results, reasoning, actions and state writes,
+    /// newest first, with their step numbers.
+    Search(commands::search::SearchArgs),
     /// Batches of tasks from a batch file: run, submit, resume, status, report, retry.
     Batch(commands::batch::BatchArgs),
     /// List the batches in the database.
@@ -211,6 +214,7 @@ fn main() -> ExitCode {
                 tokio::task::block_in_place(|| commands::bench::run(cli.config.as_deref(), args))
             }
             Command::Show(args) => commands::show::run(&cli.db, cli.config.as_deref(), args).await,
+            Command::Search(args) => commands::search::run(&cli.db, args).await,
             Command::Batch(args) => {
                 let db = commands::batch::DbChoice {
                     location: cli.db.clone(),

@@ -18,6 +18,10 @@ pub enum RuntimeError {
     Catalog(#[from] CatalogError),
     #[error("task {task}: {message}")]
     StoredTask { task: String, message: String },
+    #[error(
+        "{pointer:?} is not a JSON pointer into the state ({message}); write one such as /inventory/shelf_122, or \"\" for the whole state"
+    )]
+    BadPointer { pointer: String, message: String },
     #[error("task {task} needs tool `{tool}`, which this environment does not provide")]
     MissingTool { task: String, tool: String },
     /// The task cannot be continued as asked (finished, paused for a human, failed for a

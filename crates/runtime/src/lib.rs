@@ -13,6 +13,7 @@ mod lease;
 mod lineage;
 pub mod metrics;
 mod pauses;
+pub mod provenance;
 mod rate;
 pub mod recall;
 mod recovery;

@@ -258,11 +258,10 @@ impl Tool for RecallTool {
             .search(bound.store.as_ref(), &ctx.task_id, &query, None, limit)
             .await
             .map_err(failed)?;
-        Ok(ToolOutput::success(render_hits(
-            &query,
-            &page.hits,
-            page.next.is_some(),
-            bound.budget,
-        )))
+        // The query is echoed in the first line: it too never shows a write-only value.
+        let text = render_hits(&query, &page.hits, page.next.is_some(), bound.budget);
+        Ok(ToolOutput::success(
+            reader.secrets.scrub(&text).into_owned(),
+        ))
     }
 }

@@ -35,7 +35,9 @@ use crate::factory::TaskFactory;
 use crate::offload::Offload;
 use crate::policy::ServicePolicy;
 use crate::problem::finish_problems;
-use crate::routes::{batches, board_events, boards, events, inbox, journal, ops, state, tasks};
+use crate::routes::{
+    batches, board_events, boards, events, inbox, journal, ops, provenance, recall, state, tasks,
+};
 
 /// The service's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,6 +226,11 @@ pub fn router(state: AppState) -> Router {
             crate::auth::STATE_ROUTE,
             get(state::get_state).patch(state::patch_state),
         )
+        .route(
+            "/v1/tasks/{id}/state/provenance",
+            get(provenance::state_provenance),
+        )
+        .route("/v1/tasks/{id}/journal", get(recall::search_journal))
         .route("/v1/tasks/{id}/steps", get(journal::list_steps))
         .route("/v1/tasks/{id}/steps/{step}", get(journal::get_step))
         .route(

@@ -17,8 +17,11 @@ use crate::routes::inbox::{
     ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
 };
 use crate::routes::journal::ForkRequest;
+use crate::routes::recall::SearchOrder;
 use crate::routes::tasks::BatchCreateRequest;
-use crate::routes::{batches, board_events, boards, events, inbox, journal, ops, state, tasks};
+use crate::routes::{
+    batches, board_events, boards, events, inbox, journal, ops, provenance, recall, state, tasks,
+};
 use crate::views::*;
 
 #[derive(OpenApi)]
@@ -36,11 +39,13 @@ use crate::views::*;
         tasks::cancel_task,
         state::get_state,
         state::patch_state,
+        provenance::state_provenance,
         journal::list_steps,
         journal::get_step,
         journal::state_at_step,
         journal::prompt_at_step,
         journal::fork,
+        recall::search_journal,
         inbox::send_message,
         inbox::list_messages,
         inbox::approve,
@@ -88,6 +93,13 @@ use crate::views::*;
         AnswerView,
         IntentView,
         PromptView,
+        HitKindName,
+        JournalHit,
+        JournalSearchPage,
+        SearchOrder,
+        ProvenanceView,
+        ProvenanceWriteView,
+        WriteAuthor,
         Health,
         EventView,
         EventKindName,
@@ -120,8 +132,8 @@ use crate::views::*;
     modifiers(&BearerKey),
     tags(
         (name = "tasks", description = "Tasks as wholes"),
-        (name = "state", description = "A task's current state"),
-        (name = "journal", description = "A task's history: steps, time travel, forks"),
+        (name = "state", description = "A task's current state, and where its values came from"),
+        (name = "journal", description = "A task's history: steps, time travel, forks, search"),
         (name = "inbox", description = "Talking to a task: messages, and decisions on its pauses (approve, reject, reply)"),
         (name = "batches", description = "Batches of tasks, their figures (counts, tokens, cost, ETA), and stopping and reopening them"),
         (name = "boards", description = "Shared states that several tasks and API clients read and write, each write under the concurrent-write rule"),

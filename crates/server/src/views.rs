@@ -4,9 +4,11 @@
 //! [`Redaction`] (write-only values never leave).
 
 mod boards;
+mod recall;
 mod redaction;
 
 pub use boards::*;
+pub use recall::*;
 pub(crate) use redaction::{Redaction, board_hides_values, shown_patch, shown_state};
 
 use std::collections::BTreeMap;

@@ -221,6 +221,9 @@ async fn record_spec_hashes_sqlite(
     Ok(())
 }
 
+/// A journal row as migration 11 reads it: task, step, output, patch, action.
+type JournalRow = (String, i64, String, Option<String>, Option<String>);
+
 /// Migration 11's Rust step on SQLite: the recall entries of every accepted step already in
 /// the journal (core's `step_entries`), a thousand rows at a time.
 async fn index_journal_sqlite(
@@ -228,7 +231,7 @@ async fn index_journal_sqlite(
 ) -> Result<(), StoreError> {
     let mut after = (String::new(), -1_i64);
     loop {
-        let rows: Vec<(String, i64, String, Option<String>, Option<String>)> = sqlx::query_as(
+        let rows: Vec<JournalRow> = sqlx::query_as(
             "SELECT task_id, step, output, patch, action FROM journal \
              WHERE verdict = 'accepted' AND (task_id > ?1 OR (task_id = ?1 AND step > ?2)) \
              ORDER BY task_id, step LIMIT 1000",
@@ -265,7 +268,7 @@ async fn index_journal_postgres(
 ) -> Result<(), StoreError> {
     let mut after = (String::new(), -1_i64);
     loop {
-        let rows: Vec<(String, i64, String, Option<String>, Option<String>)> = sqlx::query_as(
+        let rows: Vec<JournalRow> = sqlx::query_as(
             "SELECT task_id, step, output, patch, action FROM journal \
              WHERE verdict = 'accepted' AND (task_id, step) > ($1, $2) \
              ORDER BY task_id, step LIMIT 1000",

@@ -1335,8 +1335,8 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 10,
-        Backend::Postgres => 10,
+        Backend::Sqlite => 11,
+        Backend::Postgres => 11,
     }
 }
 

@@ -5,12 +5,14 @@ pub mod keys;
 pub mod lineage;
 pub mod run;
 pub mod say;
+pub mod search;
 pub mod serve;
 pub mod show;
 pub mod tasks;
 pub mod tools;
 pub mod validate;
 pub mod view;
+pub mod why;
 pub mod worker;
 
 use std::path::Path;

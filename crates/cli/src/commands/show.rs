@@ -32,9 +32,22 @@ pub struct ShowArgs {
     /// With --prompt: which answer of the step (default: the accepted one, else the last).
     #[arg(long, requires = "prompt")]
     attempt: Option<u32>,
+    /// Why the state holds its value at this JSON pointer (`/inventory/shelf_122`): the steps
+    /// that wrote it, newest first, each with its patch, the observation it answered and
+    /// its author.
+    #[arg(long, value_name = "POINTER", conflicts_with = "step")]
+    why: Option<String>,
+    /// With --why: every past value, not only the steps since the value last changed.
+    #[arg(long, requires = "why")]
+    all: bool,
 }
 
 pub async fn run(db: &str, config_path: Option<&Path>, args: ShowArgs) -> Result<ExitCode> {
+    if let Some(pointer) = &args.why {
+        let store = crate::config::open_existing(db).await?;
+        let task = store.task(&args.task).await?;
+        return super::why::run(store.as_ref(), &task, pointer, args.all).await;
+    }
     if args.step.is_none() {
         // The task view counts every answer's tokens: build the tokenizer while the database
         // is opened and read.

@@ -112,21 +112,33 @@ pub fn step_entries(
     }
     if let Some(patch) = patch {
         let mut writes = Vec::new();
-        state_writes(patch, &mut writes);
+        state_writes(patch, "", &mut writes);
         entries.extend(writes.into_iter().take(MAX_STATE_ENTRIES));
     }
     entries
 }
 
+/// The entries of a board member's step's board write: its locations under `/board`, where
+/// the member's prompts show the board.
+pub fn board_entries(patch: &Value) -> Vec<IndexEntry> {
+    let mut writes = Vec::new();
+    state_writes(patch, "/board", &mut writes);
+    writes.truncate(MAX_STATE_ENTRIES);
+    writes
+}
+
 /// The locations a patch writes, with what it writes there: a merge patch's members down to
 /// its leaves (a non-empty object merges into its location), a JSON Patch's operations (an
 /// object added or replaced whole shows its leaves too).
-fn state_writes(patch: &Value, out: &mut Vec<IndexEntry>) {
+fn state_writes(patch: &Value, prefix: &str, out: &mut Vec<IndexEntry>) {
     match patch {
-        Value::Object(map) => merge_writes(map, "", out),
+        Value::Object(map) => merge_writes(map, prefix, out),
         Value::Array(ops) => {
             for op in ops {
-                let path = op.get("path").and_then(Value::as_str).unwrap_or("");
+                let path = &format!(
+                    "{prefix}{}",
+                    op.get("path").and_then(Value::as_str).unwrap_or("")
+                );
                 match op.get("op").and_then(Value::as_str) {
                     Some("add" | "replace") => {
                         let value = op.get("value").unwrap_or(&Value::Null);
@@ -134,7 +146,10 @@ fn state_writes(patch: &Value, out: &mut Vec<IndexEntry>) {
                     }
                     Some("remove") => out.push(state(path, format!("{path} removed"))),
                     Some(verb @ ("move" | "copy")) => {
-                        let from = op.get("from").and_then(Value::as_str).unwrap_or("");
+                        let from = &format!(
+                            "{prefix}{}",
+                            op.get("from").and_then(Value::as_str).unwrap_or("")
+                        );
                         let past = if verb == "move" { "moved" } else { "copied" };
                         if verb == "move" {
                             out.push(state(from, format!("{from} removed (moved to {path})")));

@@ -9,6 +9,8 @@ const CHART_PAGE = 1000;
 const CHART_AUTO_STEPS = 2000;
 const STATUSES = ['running', 'completed', 'failed', 'awaiting_input', 'awaiting_approval'];
 const WRITE_PAGE = 50;
+const HIT_PAGE = 20;
+const HIT_KINDS = ['observation', 'reasoning', 'action', 'state'];
 
 // `skillstate view` prints its link with a key of its own in the fragment (#key=…; a fragment
 // never reaches the server): the key is kept for this tab and taken out of the address bar and
@@ -380,6 +382,44 @@ async function taskPage(main, id, params, signal) {
   const messages = el('ul', { id: 'messages' });
   main.append(el('p', null, el('a', { href: '#/' }, '← Tasks')), head, pause);
 
+  // Where a value of the state came from (GET …/state/provenance): every value of the state
+  // tree links here.
+  const provBox = el('div', { id: 'provenance', class: 'panel provenance', hidden: true });
+  let provTicket = 0;
+  const closeProvenance = () => { provTicket++; provBox.hidden = true; provBox.replaceChildren(); };
+  const provHead = (pointer) => el('div', { class: 'row' },
+    el('h3', null, 'Where ', el('code', { id: 'provenance-pointer' }, pointer || '(the whole state)'), ' came from'),
+    el('button', { type: 'button', id: 'provenance-close', onclick: closeProvenance }, 'Close'));
+  const writeItem = (write) => el('li', { class: 'write', dataset: { step: String(write.step) } },
+    stepLink(write.step), ' by ', el('span', { class: 'author' }, authorText(write.author)), ' ',
+    el('span', { class: 'muted', title: write.created_at }, String(write.created_at).replace('T', ' ').replace('Z', ' UTC')),
+    el('div', null, el('span', { class: 'muted' }, 'value '), el('code', { class: 'value' }, write.value === null || write.value === undefined ? '(removed)' : compactJson(write.value, 300))),
+    write.observation === null || write.observation === undefined ? null
+      : el('details', null, el('summary', null, 'The observation it answered'), el('pre', { class: 'observation' }, write.observation)),
+    el('details', null, el('summary', null, 'The patch'), el('pre', { class: 'patch' }, JSON.stringify(write.patch, null, 2))));
+  const showProvenance = async (pointer, all) => {
+    const ticket = ++provTicket;
+    provBox.hidden = false;
+    provBox.replaceChildren(provHead(pointer), el('span', { class: 'muted' }, 'loading…'));
+    try {
+      const query = new URLSearchParams({ pointer });
+      if (all) query.set('all', 'true');
+      const found = await api(base + '/state/provenance?' + query);
+      if (ticket !== provTicket || signal.aborted) return;
+      fill(provBox, provHead(found.pointer),
+        el('p', null, el('span', { class: 'muted' }, 'now '), el('code', { id: 'provenance-current' }, found.current === null || found.current === undefined ? '(nothing there)' : compactJson(found.current, 300))),
+        found.writes.length
+          ? el('ol', { id: 'provenance-writes', class: 'writes' }, found.writes.map(writeItem))
+          : el('p', { class: 'muted', id: 'provenance-none' }, 'No kept step wrote it: it is from the initial state, or from before the journal was compacted.'),
+        all ? null : el('button', { type: 'button', id: 'provenance-all', onclick: () => showProvenance(pointer, true) }, 'Every earlier write too'));
+      provBox.scrollIntoView({ block: 'nearest' });
+    } catch (error) {
+      if (ticket !== provTicket) return;
+      if (error instanceof NeedKey) { route(); return; }
+      provBox.replaceChildren(provHead(pointer), el('p', { role: 'alert' }, error.message));
+    }
+  };
+
   // State viewer.
   const slider = el('input', { type: 'range', id: 'state-slider', min: '0', max: String(task.version), value: String(task.version), 'aria-label': 'State at step' });
   const stepNumber = el('input', { type: 'number', id: 'state-step-input', min: '0', max: String(task.version), value: String(task.version), 'aria-label': 'Step', style: null });
@@ -390,7 +430,8 @@ async function taskPage(main, id, params, signal) {
     el('h2', { id: 'state-heading' }, 'State'),
     el('div', { class: 'slider' }, el('span', { class: 'muted' }, 'step'), slider, stepNumber, stateLabel),
     stateTree,
-    el('details', { id: 'state-raw-box' }, el('summary', null, 'Raw JSON'), stateRaw));
+    el('details', { id: 'state-raw-box' }, el('summary', null, 'Raw JSON'), stateRaw),
+    provBox);
   let stateRequest = 0;
   const showState = async (step) => {
     const ticket = ++stateRequest;
@@ -398,7 +439,7 @@ async function taskPage(main, id, params, signal) {
     try {
       const value = await api(base + '/steps/' + step + '/state');
       if (ticket !== stateRequest) return;
-      stateTree.replaceChildren(jsonTree(value, null, 0));
+      stateTree.replaceChildren(jsonTree(value, null, 0, showProvenance, ''));
       stateRaw.textContent = JSON.stringify(value, null, 2);
       stateLabel.textContent = 'after step ' + step + (step === 0 ? ' (initial state)' : '');
       stateBox.dataset.step = String(step);
@@ -413,6 +454,57 @@ async function taskPage(main, id, params, signal) {
     const step = Math.max(0, Math.min(Number(slider.max), Math.floor(Number(stepNumber.value) || 0)));
     setStep(step);
   });
+
+  // Search: the journal's observations, reasoning, actions and state writes (GET …/journal?q=),
+  // newest first; each hit opens its step. The words stay in the address (#/tasks/…?q=).
+  const searchInput = el('input', { type: 'search', id: 'journal-q', name: 'q', placeholder: 'an item, an order, a name…', 'aria-label': 'Search the journal' });
+  const kindSelect = el('select', { id: 'journal-kind', name: 'kind', 'aria-label': 'Kind' },
+    el('option', { value: '' }, 'everything'), HIT_KINDS.map((k) => el('option', { value: k }, k)));
+  const searchStatus = el('p', { id: 'journal-status', class: 'muted', 'aria-live': 'polite' });
+  const hitList = el('ol', { id: 'journal-hits', class: 'hits' });
+  const searchMore = el('div', { class: 'pager' });
+  let searchTicket = 0;
+  const hitItem = (hit, words) => el('li', { class: 'hit', dataset: { step: String(hit.step), kind: hit.kind } },
+    stepLink(hit.step), ' ', el('span', { class: 'badge kind' }, hit.kind),
+    hit.pointer ? [' ', el('code', { class: 'pointer' }, hit.pointer)] : null,
+    el('div', { class: 'hit-text' }, highlighted(compactText(hit.text, 600), words)));
+  const runSearch = async (cursor) => {
+    const words = searchInput.value.trim();
+    const ticket = ++searchTicket;
+    const address = new URLSearchParams(parseHash().params);
+    if (words) address.set('q', words); else address.delete('q');
+    history.replaceState(null, '', '#/tasks/' + enc(id) + (address.toString() ? '?' + address : ''));
+    if (!words) { hitList.replaceChildren(); searchMore.replaceChildren(); searchStatus.textContent = ''; return; }
+    const query = new URLSearchParams({ q: words, limit: String(HIT_PAGE) });
+    if (kindSelect.value) query.set('kind', kindSelect.value);
+    if (cursor) query.set('cursor', cursor);
+    searchStatus.textContent = 'searching…';
+    searchStatus.removeAttribute('role');
+    try {
+      const page = await api(base + '/journal?' + query);
+      if (ticket !== searchTicket || signal.aborted) return;
+      if (!cursor) hitList.replaceChildren();
+      hitList.append(...page.hits.map((hit) => hitItem(hit, words)));
+      const count = hitList.children.length;
+      searchStatus.textContent = count
+        ? count + (page.next_cursor ? '+' : '') + (count === 1 ? ' hit' : ' hits') + ', newest first'
+        : 'No hits for “' + words + '”.';
+      fill(searchMore, page.next_cursor ? el('button', { type: 'button', id: 'journal-more', onclick: () => runSearch(page.next_cursor) }, 'More hits') : null);
+    } catch (error) {
+      if (ticket !== searchTicket) return;
+      if (error instanceof NeedKey) { route(); return; }
+      searchStatus.textContent = error.message;
+      searchStatus.setAttribute('role', 'alert');
+    }
+  };
+  const searchBox = el('section', { 'aria-labelledby': 'search-heading' },
+    el('h2', { id: 'search-heading' }, 'Search the journal'),
+    el('form', {
+      class: 'row', role: 'search', id: 'journal-search',
+      onsubmit: (event) => { event.preventDefault(); runSearch(null); },
+    }, el('label', { class: 'field' }, 'Words', searchInput), el('label', { class: 'field' }, 'In', kindSelect),
+    el('button', { type: 'submit', id: 'journal-go' }, 'Search')),
+    searchStatus, hitList, searchMore);
 
   // Timeline.
   const timelineBody = el('tbody');
@@ -490,6 +582,17 @@ async function taskPage(main, id, params, signal) {
       .then((content) => cell.replaceChildren(content))
       .catch((error) => cell.replaceChildren(el('span', { role: 'alert' }, error.message)));
   };
+  // A link to a step: opens it above the timeline (a plain click), or the task page at that
+  // step (a new tab, a copied link).
+  const stepLink = (step) => el('a', {
+    href: '#/tasks/' + enc(id) + '?step=' + step, class: 'step-link', dataset: { step: String(step) },
+    onclick: (event) => {
+      if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) return;
+      event.preventDefault();
+      openStepAlone(step);
+      document.getElementById('step-alone').scrollIntoView({ block: 'start' });
+    },
+  }, 'step ' + step);
   const openStepAlone = (step) => {
     const box = document.getElementById('step-alone');
     box.replaceChildren(el('h3', null, 'Step ' + step), el('span', { class: 'muted' }, 'loading…'));
@@ -627,10 +730,11 @@ async function taskPage(main, id, params, signal) {
   };
 
   renderHead();
-  main.append(el('div', { class: 'columns' }, el('div', null, timeline), el('div', { class: 'side' }, stateBox, chart, talk)));
+  main.append(el('div', { class: 'columns' }, el('div', null, searchBox, timeline), el('div', { class: 'side' }, stateBox, chart, talk)));
   await Promise.all([loadSteps(null), loadMessages(), showState(task.version)]);
   const step = Number(params.get('step'));
   if (step >= 1) openStepAlone(step);
+  if (params.get('q')) { searchInput.value = params.get('q'); runSearch(null); }
   chartOffer();
   if (task.status !== 'completed' && task.status !== 'failed') live();
 }
@@ -767,17 +871,25 @@ function diffList(changes) {
     c.op === 'added' ? compactJson(c.to, 300) : c.op === 'removed' ? compactJson(c.from, 300) : compactJson(c.from, 140) + ' → ' + compactJson(c.to, 140))));
 }
 
-function jsonTree(value, key, depth) {
+// A JSON value as a tree of <details>. With `why` (a function of a JSON pointer), every value
+// but the root links to where it came from (`pointer` is the value's own).
+function jsonTree(value, key, depth, why, pointer) {
   const label = key === null ? [] : [el('span', { class: 'key' }, key), ': '];
+  const linked = why && key !== null;
+  const whyLink = (content, cls) => el('a', {
+    href: '#', class: 'prov ' + cls, dataset: { pointer }, title: 'Where ' + pointer + ' came from',
+    onclick: (event) => { event.preventDefault(); why(pointer); },
+  }, content);
   if (isObject(value) || Array.isArray(value)) {
     const entries = Array.isArray(value) ? value.map((v, i) => [String(i), v]) : Object.entries(value);
     const summary = Array.isArray(value) ? '[' + entries.length + ' items]' : '{' + entries.length + ' keys}';
-    const node = el('details', { open: depth < 2 }, el('summary', null, label, el('span', { class: 'muted' }, summary)));
+    const node = el('details', { open: depth < 2 }, el('summary', null, label, el('span', { class: 'muted' }, summary),
+      linked ? [' ', whyLink('why?', 'why')] : null));
     // Large collections open lazily, so a big state does not build thousands of nodes at once.
     const fill = () => {
       if (node.dataset.filled) return;
       node.dataset.filled = '1';
-      node.append(...entries.map(([k, v]) => jsonTree(v, k, depth + 1)));
+      node.append(...entries.map(([k, v]) => jsonTree(v, k, depth + 1, why, why ? pointer + '/' + pointerToken(k) : undefined)));
     };
     if (depth < 2) fill(); else node.addEventListener('toggle', fill);
     return node;
@@ -785,7 +897,31 @@ function jsonTree(value, key, depth) {
   let cls = 'lit';
   if (typeof value === 'string') cls = 'str';
   else if (typeof value === 'number') cls = 'num';
-  return el('div', { class: 'leaf' }, label, el('span', { class: cls }, JSON.stringify(value)));
+  return el('div', { class: 'leaf' }, label, linked ? whyLink(JSON.stringify(value), cls) : el('span', { class: cls }, JSON.stringify(value)));
+}
+
+// Who wrote a value (a provenance write's author).
+function authorText(author) {
+  if (!author || typeof author !== 'object') return 'unknown';
+  if (author.kind === 'model') return 'the model ' + author.model;
+  if (author.kind === 'api_key') return 'API key ' + author.key;
+  return compactJson(author, 120);
+}
+
+// `text` on one line (runs of white space as one space), cut to `max` characters.
+function compactText(text, max) {
+  const line = String(text).replace(/\s+/g, ' ').trim();
+  return line.length > max ? line.slice(0, max - 1) + '…' : line;
+}
+
+// `text` with the query's words marked (<mark>, as text nodes: nothing is markup). A word
+// matches as the search does: its runs of letters and digits, case folded.
+function highlighted(text, words) {
+  const tokens = [...new Set(String(words).toLowerCase().split(/[^\p{L}\p{N}]+/u).filter((t) => t))];
+  if (!tokens.length) return [text];
+  const escaped = tokens.map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
+  const pattern = new RegExp('(?<![\\p{L}\\p{N}])(' + escaped.join('|') + ')(?![\\p{L}\\p{N}])', 'giu');
+  return String(text).split(pattern).map((part, i) => (i % 2 ? el('mark', null, part) : part)).filter((part) => part !== '');
 }
 
 // ---------------------------------------------------------------- batches

@@ -8,6 +8,8 @@ pub mod events;
 pub mod inbox;
 pub mod journal;
 pub mod ops;
+pub mod provenance;
+pub mod recall;
 pub mod state;
 pub mod tasks;
 

@@ -19,7 +19,10 @@ CREATE TABLE recall_entries (
 );
 CREATE INDEX recall_entries_by_step ON recall_entries (task_id, step);
 CREATE INDEX recall_entries_by_pointer ON recall_entries (task_id, pointer) WHERE pointer IS NOT NULL;
-CREATE INDEX recall_entries_words ON recall_entries USING GIN (words);
+-- fastupdate off: every step writes a few entries and a running task searches between its
+-- steps; with a pending list, each search would scan up to 4 MB of not-yet-merged entries
+-- (30 ms instead of 0.2 ms on a 10,000-step journal until the next vacuum).
+CREATE INDEX recall_entries_words ON recall_entries USING GIN (words) WITH (fastupdate = off);
 
 -- The observations already stored (before this migration no task could call recall).
 INSERT INTO recall_entries (task_id, step, kind, text)

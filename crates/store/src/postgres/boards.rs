@@ -141,6 +141,14 @@ impl PostgresStore {
             self.snapshot_every,
         )
         .await?;
+        // The member's board write, indexed with its step (recall_rows.rs).
+        super::journal::insert_recall(
+            &mut tx,
+            task,
+            commit.entry.step,
+            &skillstate_core::recall::board_entries(&write.patch),
+        )
+        .await?;
         self.commit_step_in(tx, task, expected_task_version, commit)
             .await?;
         Ok(version)

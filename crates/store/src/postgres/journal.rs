@@ -31,6 +31,33 @@ async fn lock_status(conn: &mut sqlx::PgConnection, task: &str) -> Result<Option
     .transpose()
 }
 
+/// A step's recall entries, in one statement (arrays unnested), in the step's transaction.
+pub(super) async fn insert_recall(
+    conn: &mut sqlx::PgConnection,
+    task: &str,
+    step: u64,
+    recall: &[crate::recall_rows::IndexEntry],
+) -> Result<()> {
+    if recall.is_empty() {
+        return Ok(());
+    }
+    let kinds: Vec<&str> = recall.iter().map(|e| e.kind.as_str()).collect();
+    let pointers: Vec<Option<&str>> = recall.iter().map(|e| e.pointer.as_deref()).collect();
+    let texts: Vec<&str> = recall.iter().map(|e| e.text.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO recall_entries (task_id, step, kind, pointer, text) \
+         SELECT $1, $2, kind, pointer, text FROM unnest($3::text[], $4::text[], $5::text[]) AS e(kind, pointer, text)",
+    )
+    .bind(task)
+    .bind(step as i64)
+    .bind(kinds)
+    .bind(pointers)
+    .bind(texts)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 async fn insert_entry(
     conn: &mut sqlx::PgConnection,
     task: &str,
@@ -58,24 +85,13 @@ async fn insert_entry(
     .bind(entry.board_version.and_then(|v| i64::try_from(v).ok()))
     .execute(&mut *conn)
     .await?;
-    let recall = crate::recall_rows::recall_entries(entry);
-    if !recall.is_empty() {
-        // One statement for the step's entries (arrays unnested), in the row's transaction.
-        let kinds: Vec<&str> = recall.iter().map(|e| e.kind.as_str()).collect();
-        let pointers: Vec<Option<&str>> = recall.iter().map(|e| e.pointer.as_deref()).collect();
-        let texts: Vec<&str> = recall.iter().map(|e| e.text.as_str()).collect();
-        sqlx::query(
-            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) \
-             SELECT $1, $2, kind, pointer, text FROM unnest($3::text[], $4::text[], $5::text[]) AS e(kind, pointer, text)",
-        )
-        .bind(task)
-        .bind(entry.step as i64)
-        .bind(kinds)
-        .bind(pointers)
-        .bind(texts)
-        .execute(&mut *conn)
-        .await?;
-    }
+    insert_recall(
+        conn,
+        task,
+        entry.step,
+        &crate::recall_rows::recall_entries(entry),
+    )
+    .await?;
     Ok(())
 }
 

@@ -62,10 +62,20 @@ impl PostgresStore {
         if after.is_some() {
             sql.push_str(&format!(" AND (step, id) {cmp} ({}, {})", param(), param()));
         }
-        sql.push_str(&format!(
-            " ORDER BY step {order}, id {order} LIMIT {}",
-            param()
-        ));
+        if query.word_tokens.is_empty() {
+            sql.push_str(&format!(
+                " ORDER BY step {order}, id {order} LIMIT {}",
+                param()
+            ));
+        } else {
+            // The matches first, through the GIN index, then their order: left to choose, the
+            // planner walks the task's entries in step order and tests each one (30 ms for an
+            // item on a 10,000-step journal instead of well under one).
+            sql = format!(
+                "WITH found AS MATERIALIZED ({sql}) SELECT id, step, kind, pointer, text FROM found ORDER BY step {order}, id {order} LIMIT {}",
+                param()
+            );
+        }
         let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(task);
         // Each word as its tokens, the way the `words` column was built from the text.
         for tokens in &query.word_tokens {

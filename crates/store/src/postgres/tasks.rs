@@ -188,17 +188,6 @@ impl Tasks for PostgresStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        // The parent's recall entries of the kept steps; observations are indexed by their
-        // trigger as they are copied below (after the intents, so a recall result stays out).
-        sqlx::query(
-            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) \
-             SELECT $1, step, kind, pointer, text FROM recall_entries WHERE task_id = $2 AND step <= $3 AND kind <> 'observation' ORDER BY id",
-        )
-        .bind(&id)
-        .bind(parent)
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
         // The observation that step `at + 1` starts from belongs to the fork's history too.
         sqlx::query(
             "INSERT INTO observations (task_id, step, text) SELECT $1, step, text FROM observations WHERE task_id = $2 AND step <= $3",
@@ -206,6 +195,18 @@ impl Tasks for PostgresStore {
         .bind(&id)
         .bind(parent)
         .bind(at + 1)
+        .execute(&mut *tx)
+        .await?;
+        // The parent's recall entries of the kept steps, after the observations (indexed by
+        // their trigger as they were copied, after the intents, so a recall result stays out):
+        // within a step, the entries keep the parent's order.
+        sqlx::query(
+            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) \
+             SELECT $1, step, kind, pointer, text FROM recall_entries WHERE task_id = $2 AND step <= $3 AND kind <> 'observation' ORDER BY id",
+        )
+        .bind(&id)
+        .bind(parent)
+        .bind(at)
         .execute(&mut *tx)
         .await?;
         upsert_snapshot(&mut tx, &id, at, state).await?;

@@ -133,7 +133,12 @@ impl StepWithBoard {
     pub(super) fn run(&self, conn: &Connection) -> OpResult<()> {
         member_check(conn, self.step.task(), &self.board.board)?;
         self.board.run(conn)?;
-        self.step.run(conn)
+        self.step.run(conn)?;
+        // The member's board write is found with its step, under `/board` (recall_rows.rs).
+        let patch = serde_json::from_str(&self.board.row.patch).unwrap_or_default();
+        self.step
+            .index(conn, &skillstate_core::recall::board_entries(&patch))?;
+        Ok(())
     }
 }
 

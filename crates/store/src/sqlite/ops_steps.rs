@@ -39,6 +39,28 @@ fn old_status(conn: &Connection, task: &str) -> rusqlite::Result<Option<OldStatu
         .optional()
 }
 
+/// A step's recall entries (`recall_rows.rs`), in the statements of the step's savepoint.
+fn insert_recall(
+    conn: &Connection,
+    task: &str,
+    step: i64,
+    entries: &[IndexEntry],
+) -> rusqlite::Result<()> {
+    let mut index = conn.prepare_cached(
+        "INSERT INTO recall_entries (task_id, step, kind, pointer, text) VALUES (?, ?, ?, ?, ?)",
+    )?;
+    for entry in entries {
+        index.execute(params![
+            task,
+            step,
+            entry.kind.as_str(),
+            entry.pointer,
+            entry.text
+        ])?;
+    }
+    Ok(())
+}
+
 /// A journal row, ready to bind.
 pub(super) struct EntryRow {
     step: i64,
@@ -108,18 +130,7 @@ impl EntryRow {
             self.author,
             self.board_version,
         ])?;
-        let mut index = conn.prepare_cached(
-            "INSERT INTO recall_entries (task_id, step, kind, pointer, text) VALUES (?, ?, ?, ?, ?)",
-        )?;
-        for entry in &self.recall {
-            index.execute(params![
-                task,
-                self.step,
-                entry.kind.as_str(),
-                entry.pointer,
-                entry.text
-            ])?;
-        }
+        insert_recall(conn, task, self.step, &self.recall)?;
         Ok(())
     }
 }
@@ -147,6 +158,12 @@ pub(super) struct Step {
 
 impl Step {
     /// The task this step commits to.
+    /// Adds `entries` to the recall index at this step (a board member's board write,
+    /// committed in the step's savepoint).
+    pub(super) fn index(&self, conn: &Connection, entries: &[IndexEntry]) -> rusqlite::Result<()> {
+        insert_recall(conn, &self.task, self.entry.step, entries)
+    }
+
     pub(super) fn task(&self) -> &str {
         &self.task
     }

@@ -124,8 +124,15 @@ impl Tasks for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        // The parent's recall entries of the kept steps; observations are indexed by their
-        // trigger as they are copied below (after the intents, so a recall result stays out).
+        sqlx::query("INSERT INTO observations SELECT ?, step, text FROM observations WHERE task_id = ? AND step <= ?")
+            .bind(&id)
+            .bind(parent)
+            .bind(at + 1)
+            .execute(&mut *tx)
+            .await?;
+        // The parent's recall entries of the kept steps, after the observations (indexed by
+        // their trigger as they were copied, after the intents, so a recall result stays out):
+        // within a step, the entries keep the parent's order.
         sqlx::query(
             "INSERT INTO recall_entries (task_id, step, kind, pointer, text) SELECT ?, step, kind, pointer, text FROM recall_entries WHERE task_id = ? AND step <= ? AND kind <> 'observation' ORDER BY id",
         )
@@ -134,12 +141,6 @@ impl Tasks for SqliteStore {
         .bind(at)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("INSERT INTO observations SELECT ?, step, text FROM observations WHERE task_id = ? AND step <= ?")
-            .bind(&id)
-            .bind(parent)
-            .bind(at + 1)
-            .execute(&mut *tx)
-            .await?;
         sqlx::query("INSERT OR REPLACE INTO snapshots (task_id, step, state, state_hash) VALUES (?, ?, ?, ?)")
             .bind(&id)
             .bind(at)
