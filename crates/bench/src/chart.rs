@@ -53,24 +53,41 @@ pub fn prompt_chart(report: &BenchReport, path: &Path) -> Result<(), String> {
         };
         lines.push((name, points));
     }
-    let max_y = lines
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
-        .fold(1.0_f64, f64::max);
-    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
     let caption = format!(
         "{}: prompt tokens per step (T={horizon}, mean over {} seed(s), model {})",
         report.config.environment,
         report.config.seeds.len(),
         report.config.model
     );
+    draw_lines(
+        path,
+        &caption,
+        f64::from(horizon.max(2)),
+        lines,
+        SeriesLabelPosition::UpperLeft,
+    )
+}
+
+/// Draws `lines` (label, points) as an SVG line chart of prompt tokens per step at `path`.
+pub(crate) fn draw_lines(
+    path: &Path,
+    caption: &str,
+    max_x: f64,
+    lines: Vec<(String, Vec<(f64, f64)>)>,
+    legend: SeriesLabelPosition,
+) -> Result<(), String> {
+    let max_y = lines
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
+        .fold(1.0_f64, f64::max);
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(1.0..f64::from(horizon.max(2)), 0.0..max_y * 1.05)
+        .build_cartesian_2d(1.0..max_x, 0.0..max_y * 1.05)
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
@@ -92,7 +109,7 @@ pub fn prompt_chart(report: &BenchReport, path: &Path) -> Result<(), String> {
         .configure_series_labels()
         .border_style(BLACK)
         .background_style(WHITE.mix(0.9))
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend)
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())?;

@@ -3,16 +3,9 @@
 
 use std::path::Path;
 
-use plotters::prelude::*;
+use plotters::prelude::SeriesLabelPosition;
 
 use super::ArchiveReport;
-
-const COLORS: [RGBColor; 4] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-];
 
 /// Most points drawn per line: longer series are averaged over buckets of steps.
 const MAX_POINTS: usize = 2_000;
@@ -54,47 +47,16 @@ pub fn prompt_chart(report: &ArchiveReport, path: &Path) -> Result<(), String> {
         .iter()
         .flat_map(|(_, p)| p.iter().map(|(x, _)| *x))
         .fold(2.0_f64, f64::max);
-    let max_y = lines
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
-        .fold(1.0_f64, f64::max);
-    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
     let caption = format!(
         "warehouse-archive: prompt tokens per step (T={horizon}, mean over {} seed(s), model {})",
         report.config.seeds.len(),
         report.config.model
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(1.0..max_x, 0.0..max_y * 1.05)
-        .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc("prompt tokens (o200k_base)")
-        .draw()
-        .map_err(|e| e.to_string())?;
-    for (i, (name, points)) in lines.into_iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|e| e.to_string())?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
+    crate::chart::draw_lines(
+        path,
+        &caption,
+        max_x,
+        lines,
+        SeriesLabelPosition::LowerRight,
+    )
 }
