@@ -132,6 +132,7 @@ fn bench(c: &mut Criterion) {
                         status: None,
                         previous_result: None,
                         next_observation: None,
+                        world: None,
                     };
                     runtime
                         .block_on(store.commit_step(&task.id, version, &commit))

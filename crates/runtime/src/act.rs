@@ -19,6 +19,7 @@ use crate::board::{BoardCommitted, BoardFrame, BoardSeen};
 use crate::step::StepEnd;
 use crate::step_loop::Runner;
 use crate::voice::{messages_first, not_the_user};
+use crate::world::WorldChange;
 
 impl Runner<'_> {
     #[allow(clippy::too_many_arguments)]
@@ -82,17 +83,24 @@ impl Runner<'_> {
                 )),
             ),
         };
+        let previous_result = self
+            .held_result
+            .take()
+            .filter(|(of, _)| of == task)
+            .map(|(_, result)| result);
+        // A stopped or paused task's stored world is its last one.
+        let world = match status {
+            Some(_) => self.checkpoint_at_stop(*version),
+            None => None,
+        };
         let commit = StepCommit {
             entry,
             new_state: accepted.new_state.clone(),
             intent,
             status: status.clone(),
-            previous_result: self
-                .held_result
-                .take()
-                .filter(|(of, _)| of == task)
-                .map(|(_, result)| result),
+            previous_result,
             next_observation: None,
+            world,
         };
         self.check_lease()?;
         match (board, &accepted.board) {
@@ -147,7 +155,7 @@ impl Runner<'_> {
             let repeatable = find_tool(env_tools, name).is_some_and(|t| {
                 matches!(t.spec().side_effect.as_str(), "read_only" | "idempotent")
             });
-            let action_result = self.action_result(task, step, output, &[]);
+            let action_result = self.action_result(task, step, output, WorldChange::Ran, &[]);
             if repeatable {
                 self.held_result = Some((task.to_owned(), action_result));
             } else {
@@ -199,14 +207,14 @@ impl Runner<'_> {
         }
     }
 
-    /// Records a finished action's result now.
+    /// Records now the result of an action that ran.
     pub(crate) async fn record_result(
         &mut self,
         task: &str,
         step: u64,
         output: ToolOutput,
     ) -> Result<(), RuntimeError> {
-        self.record_delivering(task, step, output, Vec::new(), &[])
+        self.record_delivering(task, step, output, WorldChange::Ran, Vec::new(), &[])
             .await
     }
 
@@ -221,7 +229,7 @@ impl Runner<'_> {
     ) -> Result<(), RuntimeError> {
         let result = ActionResult {
             outcome_unknown: true,
-            ..self.action_result(task, step, output, &[])
+            ..self.action_result(task, step, output, WorldChange::NotRun, &[])
         };
         self.writer()
             .write(task, LeasedWrite::ActionResult(&result))
@@ -237,10 +245,11 @@ impl Runner<'_> {
         task: &str,
         step: u64,
         output: ToolOutput,
+        change: WorldChange,
         delivered: Vec<i64>,
         shown: &[&MessageRecord],
     ) -> Result<(), RuntimeError> {
-        let mut result = self.action_result(task, step, output, shown);
+        let mut result = self.action_result(task, step, output, change, shown);
         result.delivered = delivered;
         self.writer()
             .write(task, LeasedWrite::ActionResult(&result))
@@ -250,12 +259,14 @@ impl Runner<'_> {
 
     /// A finished action's result, redacted, with the observation the next step starts from
     /// (which this runner also keeps for that step): the user's messages `shown`, if any, then
-    /// the result and the environment's event.
+    /// the result and the environment's event; with the world's checkpoint when one is due
+    /// (`world`).
     fn action_result(
         &mut self,
         task: &str,
         step: u64,
         output: ToolOutput,
+        change: WorldChange,
         shown: &[&MessageRecord],
     ) -> ActionResult {
         let output = ToolOutput {
@@ -279,7 +290,7 @@ impl Runner<'_> {
             result: output.text,
             outcome_unknown: false,
             next_observation,
-            env_checkpoint: Some(self.env.checkpoint()),
+            env_checkpoint: self.checkpoint_with_result(step, change),
             delivered: Vec::new(),
         }
     }

@@ -24,6 +24,7 @@ mod step_loop;
 mod task_start;
 mod voice;
 mod worker;
+mod world;
 
 pub use drain::Drain;
 pub use error::RuntimeError;

@@ -3,7 +3,7 @@
 use skillstate_core::json::state_hash;
 use skillstate_core::{Action, StatePatch};
 use skillstate_store::{Store, StoreError, TaskRecord, Verdict, state_at};
-use skillstate_tools::{CallContext, Environment, find_tool};
+use skillstate_tools::{Environment, find_tool};
 
 use crate::RuntimeError;
 
@@ -51,15 +51,13 @@ async fn replay_world(
             env.after_action();
             continue;
         }
-        let tool = find_tool(&tools, &name).ok_or_else(|| RuntimeError::MissingTool {
-            task: task.id.clone(),
-            tool: name.clone(),
-        })?;
-        // Simulated worlds only: the call re-runs inside the fresh instance, nowhere else.
-        let _ = tool
-            .call(&args, &CallContext::new(&task.id, entry.step))
-            .await;
-        env.after_action();
+        if find_tool(&tools, &name).is_none() {
+            return Err(RuntimeError::MissingTool {
+                task: task.id.clone(),
+                tool: name.clone(),
+            });
+        }
+        crate::world::replay_action(env, &tools, &task.id, entry.step, &name, &args).await;
     }
     Ok(env.checkpoint())
 }

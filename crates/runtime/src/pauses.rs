@@ -13,6 +13,7 @@ use skillstate_tools::{Tool, ToolOutput, failpoint};
 
 use crate::step_loop::Runner;
 use crate::voice::ANSWERED;
+use crate::world::WorldChange;
 use crate::{RunOutcome, RuntimeError};
 
 impl Runner<'_> {
@@ -20,9 +21,7 @@ impl Runner<'_> {
     /// user's message waits in the inbox: it comes first, and the action does not run.
     pub(crate) async fn approve_held(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
         let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingApproval).await?;
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
+        self.restore_world(&task).await?;
         let env_tools = crate::recall::with_recall(self.env.tools(), &self.store, &task);
         self.settle_pause(&task, &intent, PauseDecision::Approve, None, &env_tools)
             .await?;
@@ -37,9 +36,7 @@ impl Runner<'_> {
         reason: &str,
     ) -> Result<RunOutcome, RuntimeError> {
         let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingApproval).await?;
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
+        self.restore_world(&task).await?;
         self.settle_pause(&task, &intent, PauseDecision::Reject(reason), None, &[])
             .await?;
         self.run_held(&task.id).await
@@ -75,9 +72,7 @@ impl Runner<'_> {
         answer: &str,
     ) -> Result<RunOutcome, RuntimeError> {
         let (task, intent) = self.waiting(task_id, TaskStatus::AwaitingInput).await?;
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
+        self.restore_world(&task).await?;
         self.settle_pause(&task, &intent, PauseDecision::Reply(answer), None, &[])
             .await?;
         self.run_held(&task.id).await
@@ -126,7 +121,14 @@ impl Runner<'_> {
                     .await;
                 failpoint("after_tool");
                 return self
-                    .record_delivering(&task.id, intent.step, output, delivered, &[])
+                    .record_delivering(
+                        &task.id,
+                        intent.step,
+                        output,
+                        WorldChange::Ran,
+                        delivered,
+                        &[],
+                    )
                     .await;
             }
             PauseDecision::Approve => (
@@ -161,8 +163,15 @@ impl Runner<'_> {
                 )
             }
         };
-        self.record_delivering(&task.id, intent.step, output, delivered, &shown)
-            .await?;
+        self.record_delivering(
+            &task.id,
+            intent.step,
+            output,
+            WorldChange::NotRun,
+            delivered,
+            &shown,
+        )
+        .await?;
         self.writer()
             .write(
                 &task.id,

@@ -374,6 +374,7 @@ async fn prepare(
             status: None,
             previous_result: None,
             next_observation: Some(next_observation),
+            world: None,
         },
     })
 }

@@ -43,6 +43,8 @@ pub struct Runner<'a> {
     /// A read-only or idempotent tool's result not written yet: it goes into the next step's
     /// commit, or is written on its own when the run stops first.
     pub(crate) held_result: Option<(String, ActionResult)>,
+    /// Where the stored checkpoint of the task's world stands (`world`).
+    pub(crate) world: crate::world::WorldClock,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -75,6 +77,7 @@ impl<'a> Runner<'a> {
             stop: None,
             next_observation: None,
             held_result: None,
+            world: Default::default(),
             model,
         }
     }
@@ -208,9 +211,7 @@ impl<'a> Runner<'a> {
         if let Some(board) = BoardFrame::of(self.store.as_ref(), &task, scope.as_ref()).await? {
             frame.attach(board);
         }
-        if let Some(checkpoint) = &task.env_checkpoint {
-            self.env.restore(checkpoint)?;
-        }
+        self.restore_world(&task).await?;
         let env_tools = crate::recall::with_recall(self.env.tools(), &self.store, &task);
         for spec in frame
             .catalog

@@ -108,6 +108,7 @@ fn commit_for(task: &str, step: u64, stored: &Value, shipped: &Value) -> StepCom
         status: None,
         previous_result: None,
         next_observation: None,
+        world: None,
     }
 }
 

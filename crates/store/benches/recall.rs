@@ -114,6 +114,7 @@ async fn fill(store: &dyn Store) -> String {
             status: None,
             previous_result: None,
             next_observation: None,
+            world: None,
         };
         store
             .commit_step(&task, step - 1, &commit)

@@ -68,6 +68,11 @@ pub const SQLITE: &[Migration] = &[
         name: "recall",
         sql: include_str!("../migrations/sqlite/0011_recall.sql"),
     },
+    Migration {
+        version: 12,
+        name: "world_step",
+        sql: include_str!("../migrations/sqlite/0012_world_step.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -125,6 +130,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 11,
         name: "recall",
         sql: include_str!("../migrations/postgres/0011_recall.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "world_step",
+        sql: include_str!("../migrations/postgres/0012_world_step.sql"),
     },
 ];
 

@@ -67,6 +67,10 @@ pub struct TaskRecord {
     pub model: String,
     pub environment: Option<Value>,
     pub env_checkpoint: Option<Value>,
+    /// The step whose action result `env_checkpoint` includes; `None` when it includes the
+    /// last one (written before checkpoints could be sparse, or not written since creation).
+    /// The runtime replays the recorded actions of the steps after it.
+    pub env_checkpoint_step: Option<u64>,
     pub status: TaskStatus,
     pub state: Value,
     /// Number of accepted steps; the next step is `version + 1`.
@@ -226,6 +230,10 @@ pub struct StepCommit {
     /// The observation the next step starts from, for a step with no action to produce one
     /// (state written through the service carries the task's pending observation over).
     pub next_observation: Option<String>,
+    /// The environment's checkpoint as of the previous step's result (`expected_version`),
+    /// for a step that stops or pauses the task, so that a stopped task's stored world is its
+    /// last one; `None` leaves the stored checkpoint as it is.
+    pub world: Option<Value>,
 }
 
 /// What a finished tool call writes, in one transaction.
@@ -240,6 +248,8 @@ pub struct ActionResult {
     pub result: String,
     /// The observation the next step starts from.
     pub next_observation: String,
+    /// The environment's checkpoint after this result, or `None` to keep the stored one
+    /// (a replayable world between its checkpoints: the journal's actions are its changes).
     pub env_checkpoint: Option<Value>,
     /// Inbox entries (`Inbox`) this result delivers — the decision it carries out, messages
     /// its observation shows —, marked delivered at `step + 1` in the same transaction.

@@ -143,6 +143,8 @@ where
         model: row.try_get("model")?,
         environment: decode_opt("environment", row.try_get("environment")?)?,
         env_checkpoint: decode_opt("environment checkpoint", row.try_get("env_checkpoint")?)?,
+        // Came with schema 12.
+        env_checkpoint_step: later_int_column(row, "env_checkpoint_step")?.map(|s| s.max(0) as u64),
         status: parse_status(&status)?,
         state: decode("state", &row.try_get::<String, _>("state")?)?,
         version: row.try_get::<i64, _>("version")? as u64,

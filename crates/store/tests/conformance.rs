@@ -333,6 +333,7 @@ fn step_commit(step: u64, state: &Value, patch: Value, with_intent: bool) -> Ste
         status: None,
         previous_result: None,
         next_observation: None,
+        world: None,
     }
 }
 
@@ -652,6 +653,52 @@ async fn a_held_back_result_lands_with_the_next_step_or_not_at_all() -> anyhow::
     .await
 }
 
+/// The environment checkpoint records the step whose result it includes: a result without one
+/// keeps the stored checkpoint and its step, and a step that stops the task may carry the
+/// world as of the step before it. A refused commit writes neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_checkpoint_keeps_the_step_it_was_taken_at() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({});
+        let task = store.create_task(new_task(), &initial).await?;
+        assert_eq!(store.task(&task.id).await?.env_checkpoint_step, None);
+        let mut state = initial;
+        for step in 1..=3 {
+            let commit = step_commit(step, &state, json!({"n": step}), true);
+            store.commit_step(&task.id, step - 1, &commit).await?;
+            state = commit.new_state;
+            let result = ActionResult {
+                // Only the first result carries a checkpoint.
+                env_checkpoint: (step == 1).then(|| json!({"tick": step})),
+                ..action_result(step)
+            };
+            store.record_action_result(&task.id, &result).await?;
+        }
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.version, 3);
+        assert_eq!(stored.env_checkpoint, Some(json!({"tick": 1})));
+        assert_eq!(stored.env_checkpoint_step, Some(1));
+
+        // A stop refused for its version leaves the checkpoint as it was.
+        let mut stop = step_commit(4, &state, json!({"n": 4}), false);
+        stop.status = Some((TaskStatus::Completed, None));
+        stop.world = Some(json!({"tick": 3}));
+        match store.commit_step(&task.id, 2, &stop).await {
+            Err(StoreError::Conflict { .. }) => {}
+            other => bail!("expected Conflict, got {other:?}"),
+        }
+        assert_eq!(store.task(&task.id).await?.env_checkpoint_step, Some(1));
+        store.commit_step(&task.id, 3, &stop).await?;
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.status, TaskStatus::Completed);
+        assert_eq!(stored.env_checkpoint, Some(json!({"tick": 3})));
+        assert_eq!(stored.env_checkpoint_step, Some(3));
+        Ok(())
+    })
+    .await
+}
+
 /// A step with no action (state written through the service) may carry the observation the
 /// step after it starts from; it is written with the step, or not at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -928,6 +975,7 @@ async fn rebuild_every_step(db: &Db, patches: Vec<Value>, every: u64) -> Result<
             status: None,
             previous_result: None,
             next_observation: None,
+            world: None,
         };
         store
             .commit_step(&task.id, step - 1, &commit)
@@ -1335,8 +1383,8 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 11,
-        Backend::Postgres => 11,
+        Backend::Sqlite => 12,
+        Backend::Postgres => 12,
     }
 }
 

@@ -82,6 +82,7 @@ fn commit(task: &str, step: u64) -> StepCommit {
         status: None,
         previous_result: None,
         next_observation: None,
+        world: None,
     }
 }
 

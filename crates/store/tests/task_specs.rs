@@ -142,6 +142,7 @@ fn state_write(step: u64, new_state: Value) -> StepCommit {
         status: None,
         previous_result: None,
         next_observation: Some("start".into()),
+        world: None,
     }
 }
 
@@ -238,6 +239,7 @@ fn schema_six_tasks() -> Vec<TaskRecord> {
         model: "openai:gpt-test".into(),
         environment: Some(json!({"seed": 7, "noise": 0.1})),
         env_checkpoint: Some(json!({"tick": 3})),
+        env_checkpoint_step: None,
         status: TaskStatus::AwaitingInput,
         state: json!({"inventory": {"item_1": "shelf_2"}, "notes": ["moved item_1"]}),
         version: 0,
@@ -258,6 +260,7 @@ fn schema_six_tasks() -> Vec<TaskRecord> {
         model: "scripted:test".into(),
         environment: None,
         env_checkpoint: None,
+        env_checkpoint_step: None,
         status: TaskStatus::Running,
         state: json!({}),
         version: 0,

@@ -128,11 +128,12 @@ async fn complete_intent(
         .execute(&mut *conn)
         .await?;
     sqlx::query(
-        "UPDATE tasks SET env_checkpoint = COALESCE($1, env_checkpoint), updated_at = $2 WHERE id = $3",
+        "UPDATE tasks SET env_checkpoint = COALESCE($1, env_checkpoint), env_checkpoint_step = CASE WHEN $1 IS NULL THEN env_checkpoint_step ELSE $4 END, updated_at = $2 WHERE id = $3",
     )
     .bind(result.env_checkpoint.as_ref().map(to_json))
     .bind(now)
     .bind(task)
+    .bind(result.step as i64)
     .execute(&mut *conn)
     .await?;
     if !result.delivered.is_empty() {
@@ -186,7 +187,7 @@ impl PostgresStore {
         // The version check and the write are one statement: a concurrent writer of the same
         // task holds the row lock until it commits, and this UPDATE then sees its version.
         let updated = sqlx::query(
-            "UPDATE tasks SET state = $1, version = $2, updated_at = $3, status = COALESCE($4, status), outcome = COALESCE($5, outcome) WHERE id = $6 AND version = $7",
+            "UPDATE tasks SET state = $1, version = $2, updated_at = $3, status = COALESCE($4, status), outcome = COALESCE($5, outcome), env_checkpoint = COALESCE($8, env_checkpoint), env_checkpoint_step = CASE WHEN $8 IS NULL THEN env_checkpoint_step ELSE $7 END WHERE id = $6 AND version = $7",
         )
         .bind(to_json(&commit.new_state))
         .bind(next_version as i64)
@@ -195,6 +196,7 @@ impl PostgresStore {
         .bind(&outcome)
         .bind(task)
         .bind(expected_version as i64)
+        .bind(commit.world.as_ref().map(to_json))
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {

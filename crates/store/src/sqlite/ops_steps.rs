@@ -153,6 +153,8 @@ pub(super) struct Step {
     /// The previous step's action result, written first.
     previous: Option<ActionDone>,
     next_observation: Option<String>,
+    /// The environment's checkpoint as of `expected_version` (`StepCommit::world`).
+    world: Option<String>,
     now: i64,
 }
 
@@ -210,6 +212,7 @@ impl Step {
                 .as_ref()
                 .map(|result| ActionDone::new(task, result, now)),
             next_observation: commit.next_observation.clone(),
+            world: commit.world.as_ref().map(to_json),
             now,
         }
     }
@@ -227,7 +230,7 @@ impl Step {
         // The version check and the state write are one statement.
         let updated = conn
             .prepare_cached(
-                "UPDATE tasks SET state = ?, version = ?, updated_at = ?, status = COALESCE(?, status), outcome = COALESCE(?, outcome) WHERE id = ? AND version = ?",
+                "UPDATE tasks SET state = ?1, version = ?2, updated_at = ?3, status = COALESCE(?4, status), outcome = COALESCE(?5, outcome), env_checkpoint = COALESCE(?8, env_checkpoint), env_checkpoint_step = CASE WHEN ?8 IS NULL THEN env_checkpoint_step ELSE ?7 END WHERE id = ?6 AND version = ?7",
             )?
             .execute(params![
                 self.state,
@@ -237,6 +240,7 @@ impl Step {
                 self.outcome,
                 self.task,
                 self.expected_version as i64,
+                self.world,
             ])?;
         if updated != 1 {
             let actual: Option<i64> = conn
@@ -358,9 +362,14 @@ impl ActionDone {
                 result.next_observation
             ])?;
         conn.prepare_cached(
-            "UPDATE tasks SET env_checkpoint = COALESCE(?, env_checkpoint), updated_at = ? WHERE id = ?",
+            "UPDATE tasks SET env_checkpoint = COALESCE(?1, env_checkpoint), env_checkpoint_step = CASE WHEN ?1 IS NULL THEN env_checkpoint_step ELSE ?2 END, updated_at = ?3 WHERE id = ?4",
         )?
-        .execute(params![self.env_checkpoint, self.now, self.task])?;
+        .execute(params![
+            self.env_checkpoint,
+            result.step as i64,
+            self.now,
+            self.task
+        ])?;
         for id in &result.delivered {
             let marked = conn
                 .prepare_cached(

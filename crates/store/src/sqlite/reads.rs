@@ -362,7 +362,7 @@ fn is_full_id(id: &str) -> bool {
 /// The columns of `RawTask::of`, in its order.
 macro_rules! task_columns {
     () => {
-        "t.id, t.context, t.context_budget, t.model, t.environment, t.env_checkpoint, t.status, t.state, t.version, t.outcome, t.parent_task, t.parent_step, t.created_at, t.updated_at, t.tenant, t.labels"
+        "t.id, t.context, t.context_budget, t.model, t.environment, t.env_checkpoint, t.status, t.state, t.version, t.outcome, t.parent_task, t.parent_step, t.created_at, t.updated_at, t.tenant, t.labels, t.env_checkpoint_step"
     };
 }
 
@@ -375,7 +375,7 @@ const TASK_WITH_SPEC: &str = concat!(
     task_columns!(),
     ", s.skill, s.tools, s.spec_hash FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?"
 );
-const SPEC_AT: usize = 16;
+const SPEC_AT: usize = 17;
 
 /// A task row as text, decoded after the connection is given back.
 struct RawTask {
@@ -395,6 +395,7 @@ struct RawTask {
     updated_at: i64,
     tenant: Option<String>,
     labels: Option<String>,
+    env_checkpoint_step: Option<i64>,
 }
 
 impl RawTask {
@@ -417,6 +418,7 @@ impl RawTask {
             updated_at: row.get(13)?,
             tenant: row.get(14)?,
             labels: row.get(15)?,
+            env_checkpoint_step: row.get(16)?,
         })
     }
 
@@ -443,6 +445,7 @@ impl RawTask {
             model: self.model,
             environment: decode_opt("environment", self.environment)?,
             env_checkpoint: decode_opt("environment checkpoint", self.env_checkpoint)?,
+            env_checkpoint_step: self.env_checkpoint_step.map(|s| s.max(0) as u64),
             status: parse_status(&self.status)?,
             state: decode("state", &self.state)?,
             version: self.version as u64,

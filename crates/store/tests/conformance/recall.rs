@@ -392,14 +392,15 @@ async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::
         let before = found(store.as_ref(), &task, &words("item_42"), 50).await?;
         store.release().await;
         drop(store);
-        // Back to schema 10, as a database written by the previous release.
+        // Back to schema 10, as a database written by an earlier release.
         match db.backend {
             Backend::Sqlite => {
                 db.execute(
                     "DROP TRIGGER observations_recalled; DROP TRIGGER observations_rerecalled; \
                      DROP TRIGGER observations_forgotten; DROP TRIGGER journal_forgotten; \
                      DROP TABLE recall_fts; DROP TABLE recall_entries; \
-                     DELETE FROM schema_migrations WHERE version = 11",
+                     ALTER TABLE tasks DROP COLUMN env_checkpoint_step; \
+                     DELETE FROM schema_migrations WHERE version >= 11",
                 )
                 .await?;
             }
@@ -408,7 +409,8 @@ async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::
                     "DROP TABLE recall_entries; \
                      DROP FUNCTION skillstate_recall_observation() CASCADE; \
                      DROP FUNCTION skillstate_forget_step() CASCADE; \
-                     DELETE FROM schema_migrations WHERE version = 11",
+                     ALTER TABLE tasks DROP COLUMN env_checkpoint_step; \
+                     DELETE FROM schema_migrations WHERE version >= 11",
                 )
                 .await?;
             }
