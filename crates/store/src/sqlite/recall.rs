@@ -21,9 +21,19 @@ impl SqliteStore {
         if words.is_some() {
             // CROSS JOIN keeps the full-text match as the outer loop: left to choose, SQLite
             // walks the task's entries in step order and probes the match once per entry (a
-            // 700-step journal took 190 ms per query instead of 0.3 ms).
+            // 700-step journal took 190 ms per query instead of 0.3 ms). The match reads only
+            // the index written since the task's first entry (FTS5 takes the rowid bound), and
+            // intersects with the task's key only when most of that part is other tasks':
+            // walking the key's list, which every entry of the task is on, is what grew with the
+            // journal (0.49 ms against 0.27 ms per query on a 16,000-step task). Either form
+            // finds the same rows: the join keeps the task's own.
             sql.push_str(
-                "recall_fts CROSS JOIN recall_entries e ON e.id = recall_fts.rowid WHERE recall_fts MATCH ? AND e.task_id = ?",
+                "recall_fts CROSS JOIN recall_entries e ON e.id = recall_fts.rowid \
+                 WHERE recall_fts MATCH COALESCE((\
+                   SELECT CASE WHEN (SELECT max(id) FROM recall_entries) - s.first < 16 * (t.version + 1) THEN ? ELSE ? END \
+                   FROM tasks t, (SELECT min(id) AS first FROM recall_entries WHERE task_id = ?) s WHERE t.id = ?), ?) \
+                 AND recall_fts.rowid >= COALESCE((SELECT min(id) FROM recall_entries WHERE task_id = ?), 0) \
+                 AND e.task_id = ?",
             );
         } else {
             sql.push_str("recall_entries e WHERE e.task_id = ?");
@@ -32,7 +42,14 @@ impl SqliteStore {
         let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql));
         if let Some(words) = words {
             let key = task_key(task).replace('"', "\"\"");
-            statement = statement.bind(format!("task_key : \"{key}\" AND text : ({words})"));
+            let keyed = format!("task_key : \"{key}\" AND text : ({words})");
+            statement = statement
+                .bind(format!("text : ({words})"))
+                .bind(keyed.clone())
+                .bind(task)
+                .bind(task)
+                .bind(keyed)
+                .bind(task);
         }
         statement = statement.bind(task);
         if let Some(pointer) = &query.pointer {

@@ -424,3 +424,84 @@ async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::
     })
     .await
 }
+
+/// Two tasks whose steps interleave, one short and one long: each finds its own entries only,
+/// newest first, whether its search reads the index from its first entry on alone (the long
+/// task: most of that part is its own) or also intersects with its key (the short one, whose
+/// range is mostly the other's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_tasks_find_their_own_entries_only() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({});
+        let short = store.create_task(new_task(), &initial).await?.id;
+        let long = store.create_task(new_task(), &initial).await?.id;
+        let mut short_state = step(
+            store.as_ref(),
+            &short,
+            1,
+            &initial,
+            (
+                "short one",
+                json!({"s": 1}),
+                "ship",
+                json!({"item": "item_7"}),
+            ),
+            "short: item_7 shipped",
+        )
+        .await?;
+        let mut long_state = initial.clone();
+        for n in 1..=40 {
+            long_state = step(
+                store.as_ref(),
+                &long,
+                n,
+                &long_state,
+                ("long", json!({"l": n}), "ship", json!({"item": "item_7"})),
+                &format!("long {n}: item_7 shipped"),
+            )
+            .await?;
+        }
+        short_state = step(
+            store.as_ref(),
+            &short,
+            2,
+            &short_state,
+            (
+                "short two",
+                json!({"s": 2}),
+                "ship",
+                json!({"item": "item_7"}),
+            ),
+            "short: item_7 shipped again",
+        )
+        .await?;
+        let _ = short_state;
+        let query = RecallQuery {
+            kinds: vec![RecallKind::Observation],
+            ..words("item_7")
+        };
+        let short_hits = found(store.as_ref(), &short, &query, 50).await?;
+        assert_eq!(
+            short_hits
+                .iter()
+                .map(|(step, _, text)| (*step, text.as_str()))
+                .collect::<Vec<_>>(),
+            vec![
+                (3, "short: item_7 shipped again"),
+                (2, "short: item_7 shipped")
+            ]
+        );
+        let long_hits = found(store.as_ref(), &long, &query, 7).await?;
+        assert_eq!(long_hits.len(), 40);
+        assert!(
+            long_hits
+                .iter()
+                .all(|(_, _, text)| text.starts_with("long "))
+        );
+        let steps: Vec<u64> = long_hits.iter().map(|(step, _, _)| *step).collect();
+        assert_eq!(steps, (2..=41).rev().collect::<Vec<u64>>());
+        Ok(())
+    })
+    .await
+}
