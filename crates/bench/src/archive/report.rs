@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ArchiveConfig, ArchiveRun, Arm};
 use crate::report::{compact, thousands};
-use crate::stats::{MeanSd, mean_sd};
+use crate::stats::{MeanSd, mean_sd, median};
 
 /// The bars issue 22 sets for state+recall at the largest horizon.
 pub const SCORE_BAR: f64 = 0.95;
@@ -54,6 +54,13 @@ fn mean_of(values: impl Iterator<Item = f64>) -> Option<f64> {
     (!values.is_empty()).then(|| mean_sd(&values).mean)
 }
 
+/// The median over seeds: one run slowed by the machine (the 100-step windows are about 0.1 s
+/// of work each) does not decide a time ratio.
+fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let values: Vec<f64> = values.collect();
+    (!values.is_empty()).then(|| median(&values))
+}
+
 impl ArchiveReport {
     pub fn new(config: ArchiveConfig, mut runs: Vec<ArchiveRun>) -> Self {
         runs.sort_by(|a, b| a.spec.cmp(&b.spec));
@@ -85,13 +92,13 @@ impl ArchiveReport {
                     prompt_growth: mean_of(runs.iter().filter_map(|r| r.prompt_growth)),
                     total_tokens: avg(&|r| r.total_tokens as f64),
                     step_ms_median: avg(&|r| r.step_ms_median),
-                    step_time_ratio: mean_of(runs.iter().filter_map(|r| r.step_time_ratio)),
-                    step_time_ratio_without_recalls: mean_of(
+                    step_time_ratio: median_of(runs.iter().filter_map(|r| r.step_time_ratio)),
+                    step_time_ratio_without_recalls: median_of(
                         runs.iter()
                             .filter_map(|r| r.step_time_ratio_without_recalls),
                     ),
                     step_cpu_ratio: if config.jobs == 1 {
-                        mean_of(runs.iter().filter_map(|r| r.step_cpu_ratio))
+                        median_of(runs.iter().filter_map(|r| r.step_cpu_ratio))
                     } else {
                         None
                     },
@@ -286,7 +293,7 @@ impl ArchiveReport {
             "\nArms: `state+recall` is the skill as shipped (bounded state, the journal's `recall` tool); `state` is the same \
              skill without the recall tool; `window` and `summary` show the transcript within the context budget. Tokens are \
              o200k_base tokens counted locally. ms/step is the median in-loop time of a step (commit, tool, next prompt, \
-             model); the time ratio compares the medians of the last 100 steps and of steps 101–200, in wall time and, \
+             model); the time ratio compares the medians of the last 100 steps and of steps 101–200 (the median over seeds), in wall time and, \
              with `--jobs 1`, in the process's CPU time (which other programs on the machine do not stretch); `no recalls` \
              is the wall-time ratio over the same windows without their recall steps (a recall step also searches the \
              journal, and steps 101–200 have none). Per-step prompt \

@@ -174,6 +174,11 @@ impl SqliteStore {
         let options = options
             .synchronous(synchronous)
             .foreign_keys(true)
+            // SQLite's default page cache is 2 MiB per connection: a long task's journal and
+            // recall index outgrow it, and every step then reads the pages it changes back
+            // from the OS. At most 32 MiB per connection (five: the writer and four readers),
+            // and never more than the database itself.
+            .pragma("cache_size", "-32768")
             .busy_timeout(Duration::from_secs(10));
         // Switching a brand-new file to WAL needs a lock that SQLite does not wait for (the busy
         // timeout applies only afterwards), so two processes opening the same new file at once
