@@ -35,7 +35,7 @@ pub struct ArchiveGroup {
     pub step_time_ratio: Option<f64>,
     /// The CPU-time ratio, only when the runs ran one at a time (`--jobs 1`).
     pub step_cpu_ratio: Option<f64>,
-    /// The wall-time ratio without the windows' recall steps.
+    /// The wall-time ratio without the windows' recall steps and the steps reading their results.
     pub step_time_ratio_without_recalls: Option<f64>,
     pub rejected_answers: u64,
     pub tool_errors: u64,
@@ -190,7 +190,7 @@ impl ArchiveReport {
         rows
     }
 
-    /// The verdict on issue 22's bars for state+recall at the largest horizon.
+    /// The verdict on the workload's bars for state+recall at the largest horizon.
     pub fn acceptance(&self) -> Option<String> {
         let horizon = *self.config.horizons.iter().max()?;
         let g = self.group(horizon, Arm::StateRecall)?;
@@ -214,7 +214,7 @@ impl ArchiveReport {
         };
         if let Some(without) = g.step_time_ratio_without_recalls {
             ratio.push_str(&format!(
-                "; without the windows' recall steps {without:.2} wall ({})",
+                "; without the windows' recall steps and the steps reading their results {without:.2} wall ({})",
                 mark(without <= TIME_RATIO_BAR)
             ));
         }
@@ -295,8 +295,9 @@ impl ArchiveReport {
              o200k_base tokens counted locally. ms/step is the median in-loop time of a step (commit, tool, next prompt, \
              model); the time ratio compares the medians of the last 100 steps and of steps 101–200 (the median over seeds), in wall time and, \
              with `--jobs 1`, in the process's CPU time (which other programs on the machine do not stretch); `no recalls` \
-             is the wall-time ratio over the same windows without their recall steps (a recall step also searches the \
-             journal, and steps 101–200 have none). Per-step prompt \
+             is the wall-time ratio over the same windows without their recall steps and the steps that read a recall's \
+             result (a recall step also searches the journal, the step after it reads the hits, and steps 101–200 have \
+             neither). Per-step prompt \
              sizes: `archive_prompt_tokens.svg`; every run: `archive.json`.\n",
         );
         out

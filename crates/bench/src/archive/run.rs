@@ -76,9 +76,10 @@ pub struct ArchiveRun {
     /// other programs, but it counts every thread of the process, so it describes this run
     /// alone only when the bench runs one run at a time (`--jobs 1`).
     pub step_cpu_ratio: Option<f64>,
-    /// The wall-time ratio over the same windows without their recall steps: a recall step
-    /// runs a journal search besides the step's own work, and the early window (few items
-    /// stored, all in the state) has none, so this compares like with like.
+    /// The wall-time ratio over the same windows without their recall steps and the steps
+    /// that read a recall's result: a recall step runs a journal search besides the step's
+    /// own work, the step after it reads a longer observation, and the early window (few
+    /// items stored, all in the state) has neither, so this compares like with like.
     pub step_time_ratio_without_recalls: Option<f64>,
     pub wall_ms: u64,
     /// Every accepted step's prompt tokens, step 1 first (for the chart).
@@ -240,7 +241,11 @@ pub async fn run_one(
     let warehouse_steps: Vec<Option<f64>> = step_ms
         .iter()
         .zip(1u64..)
-        .map(|(ms, step)| (!recall_steps.contains(&step)).then_some(*ms))
+        .map(|(ms, step)| {
+            let recall_or_its_answer =
+                recall_steps.contains(&step) || recall_steps.contains(&(step - 1));
+            (!recall_or_its_answer).then_some(*ms)
+        })
         .collect();
     let (early_warehouse, late_warehouse) = if step_ms.len() >= 3 * WINDOW {
         let without = |range: &[Option<f64>]| -> Option<f64> {
