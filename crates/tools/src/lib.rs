@@ -147,8 +147,10 @@ pub trait Environment: Send + Sync {
     /// Everything needed to continue this world in another process.
     fn checkpoint(&self) -> Value;
     fn restore(&mut self, checkpoint: &Value) -> Result<(), EnvironmentError>;
-    /// Whether replaying recorded actions in a fresh instance reproduces the world exactly
-    /// (simulations). Only then can a fork rebuild the world as it was at an earlier step.
+    /// Whether replaying recorded actions in a fresh instance reproduces the world exactly and
+    /// touches nothing outside it (simulations with no file, process or network effects).
+    /// Only then can a fork rebuild the world as it was at an earlier step, and a resumed task
+    /// run the actions since the world's last checkpoint again.
     fn replayable(&self) -> bool {
         false
     }

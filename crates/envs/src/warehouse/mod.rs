@@ -503,8 +503,10 @@ impl Environment for Warehouse {
         serde_json::to_value(&*lock(&self.world)).unwrap_or(Value::Null)
     }
 
+    /// A simulation, unless it keeps an audit log: that file is outside the world, and
+    /// running the recorded actions again would append them to it a second time.
     fn replayable(&self) -> bool {
-        true
+        lock(&self.world).config.audit_log.is_none()
     }
 
     fn restore(&mut self, checkpoint: &Value) -> Result<(), EnvironmentError> {
@@ -718,6 +720,19 @@ mod tests {
         assert_eq!(copy.checkpoint(), checkpoint);
         assert_eq!(copy.outcome(), env.outcome());
         assert_eq!(copy.events(), events);
+    }
+
+    #[test]
+    fn a_warehouse_with_an_audit_log_is_not_replayed() {
+        assert!(Warehouse::new(config(3, 5)).replayable());
+        let mut audited = config(3, 5);
+        audited.audit_log = Some("/tmp/audit.log".into());
+        let audited = Warehouse::new(audited);
+        assert!(!audited.replayable());
+        // Nor is a world restored from such a warehouse's checkpoint.
+        let mut restored = Warehouse::new(config(3, 5));
+        restored.restore(&audited.checkpoint()).unwrap();
+        assert!(!restored.replayable());
     }
 
     #[test]
