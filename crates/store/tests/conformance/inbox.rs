@@ -43,15 +43,28 @@ async fn a_posted_message_waits_queues_its_task_and_is_delivered_once() -> anyho
             .await?
             .context("the messaged task is claimable")?;
         assert_eq!(claimed.task_id, task.id);
-        let events = store
-            .events_after(&EventQuery {
-                tenant: None,
-                task: Some(task.id.clone()),
-                after: None,
-                limit: 100,
-            })
-            .await?;
-        let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
+        // On PostgreSQL an event is readable once every older transaction has ended (the
+        // event log's rule), and other tests' transactions run meanwhile: wait for both.
+        let query = EventQuery {
+            tenant: None,
+            task: Some(task.id.clone()),
+            after: None,
+            limit: 100,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let kinds: Vec<_> = loop {
+            let kinds: Vec<_> = store
+                .events_after(&query)
+                .await?
+                .iter()
+                .map(|e| e.kind)
+                .collect();
+            let messages = kinds.iter().filter(|k| **k == EventKind::Message).count();
+            if messages >= 2 || std::time::Instant::now() > deadline {
+                break kinds;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
         assert_eq!(
             kinds.iter().filter(|k| **k == EventKind::Message).count(),
             2,
