@@ -16,6 +16,12 @@ use skillstate_core::skill::EnvironmentSettings;
 use skillstate_core::{SideEffect, ToolSpec};
 use skillstate_tools::{Environment, EnvironmentError};
 
+/// A simulated world's lock. Every mutation of a world happens after its checks, so a world
+/// whose lock was poisoned by a panicking thread is still consistent and is used as it is.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Names of the built-in environments.
 pub const ENVIRONMENTS: &[&str] = &[
     warehouse::KIND,

@@ -9,7 +9,9 @@
 //! depends on when the agent acts. Score = features merged into main with green CI and no open
 //! review / features requested.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::lock;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -390,10 +392,6 @@ fn spec(op: Op) -> ToolSpec {
         ),
     };
     crate::env_tool(KIND, name, description, properties, side_effect)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[async_trait]

@@ -11,7 +11,9 @@
 
 pub mod dates;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::lock;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -637,10 +639,6 @@ struct PanelTool {
     op: Op,
     spec: ToolSpec,
     panel: Arc<Mutex<Panel>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[async_trait]

@@ -14,9 +14,10 @@ use skillstate_tools::{
 
 use super::codebase::Codebase;
 use super::{
-    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, lock, output, restore_error,
-    test_schema, text_arg,
+    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, output, restore_error, test_schema,
+    text_arg,
 };
+use crate::lock;
 
 pub const KIND: &str = "bugfix_coder";
 

@@ -18,7 +18,7 @@ pub mod reviewer;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -76,10 +76,6 @@ impl BugfixConfig {
         }
         Ok(Self { seed, bugs, tests })
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `wait {seconds}`: sleeps (at most [`MAX_WAIT_SECONDS`]) so that the other agent can move;

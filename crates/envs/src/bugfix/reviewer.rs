@@ -15,9 +15,9 @@ use skillstate_tools::{
 
 use super::codebase::Codebase;
 use super::{
-    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, lock, output, restore_error,
-    text_arg,
+    BugfixConfig, WaitTool, code_schema, file_schema, line_arg, output, restore_error, text_arg,
 };
+use crate::lock;
 
 pub const KIND: &str = "bugfix_reviewer";
 

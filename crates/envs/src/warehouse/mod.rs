@@ -7,7 +7,9 @@
 //! ground truth's action for that event.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::lock;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -399,14 +401,6 @@ fn append_audit(path: &str, line: &str) -> std::io::Result<()> {
         .open(path)?;
     file.write_all(line.as_bytes())?;
     file.sync_data()
-}
-
-fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
-    // A panic while holding the lock cannot leave the world half-updated: every mutation
-    // happens after its checks, so the poisoned data is still consistent.
-    world
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The warehouse as an `Environment`.

@@ -12,7 +12,9 @@
 //! looking something up costs a step but never an event.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::lock;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -323,13 +325,6 @@ impl Tool for ArchiveTool {
             Err(text) => ToolOutput::failure(text),
         })
     }
-}
-
-fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
-    // Every mutation happens after its checks, so a poisoned world is still consistent.
-    world
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The warehouse archive as an `Environment`.
