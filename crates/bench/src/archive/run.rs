@@ -211,6 +211,7 @@ pub async fn run_one(
         .map(|e| e.step)
         .collect();
     let recall_calls = recall_steps.len() as u64;
+    let recalled: std::collections::HashSet<u64> = recall_steps.iter().copied().collect();
     let total_prompt: u64 = journal.iter().map(|e| e.prompt_tokens).sum();
     let total_completion: u64 = journal
         .iter()
@@ -242,8 +243,7 @@ pub async fn run_one(
         .iter()
         .zip(1u64..)
         .map(|(ms, step)| {
-            let recall_or_its_answer =
-                recall_steps.contains(&step) || recall_steps.contains(&(step - 1));
+            let recall_or_its_answer = recalled.contains(&step) || recalled.contains(&(step - 1));
             (!recall_or_its_answer).then_some(*ms)
         })
         .collect();
