@@ -38,6 +38,7 @@ pub fn counter_skill(steps: u32) -> Result<Skill, String> {
         }),
         initial_state: json!({"count": 0}),
         settings,
+        migrations: Vec::new(),
     })
 }
 

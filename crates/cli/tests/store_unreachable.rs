@@ -112,7 +112,7 @@ fn a_shell_skill_run_from_a_project_gets_a_fresh_directory_and_no_database() {
         &[
             "pwd; ls -A; echo listed",
             "find / -name '*.db*' -not -path '/proc/*' 2>/dev/null; echo searched",
-            "sqlite3 ../../db/skillstate.db 'DROP TRIGGER task_specs_frozen' 2>&1; ls ../.. 2>&1; echo tried",
+            "sqlite3 ../../db/skillstate.db 'DROP TRIGGER skill_versions_frozen' 2>&1; ls ../.. 2>&1; echo tried",
         ],
     );
     let first = run(&project, &skill, &model, "Look around.", &[]);
@@ -153,7 +153,7 @@ fn a_shell_skill_run_from_a_project_gets_a_fresh_directory_and_no_database() {
         .output();
     if let Ok(triggers) = triggers {
         assert!(
-            text(&triggers.stdout).contains("task_specs_frozen"),
+            text(&triggers.stdout).contains("skill_versions_frozen"),
             "{}",
             text(&triggers.stdout)
         );
@@ -441,12 +441,12 @@ fn a_stored_skill_changed_behind_skillstates_back_stops_its_task() {
         use sqlx::Connection;
         let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
         let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
-        sqlx::raw_sql("DROP TRIGGER task_specs_frozen")
+        sqlx::raw_sql("DROP TRIGGER skill_versions_frozen")
             .execute(&mut conn)
             .await
             .unwrap();
         let changed = sqlx::query(
-            "UPDATE task_specs SET skill = replace(skill, '\"readOnly\":true', '\"readOnly\":false')",
+            "UPDATE skill_versions SET skill = replace(skill, '\"readOnly\":true', '\"readOnly\":false')",
         )
         .execute(&mut conn)
         .await

@@ -18,6 +18,7 @@ pub mod skill;
 pub mod strict_json;
 pub mod tokens;
 pub mod tool;
+pub mod upgrade;
 pub mod validate;
 pub mod write_only;
 

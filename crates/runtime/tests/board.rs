@@ -67,6 +67,7 @@ fn agent_skill(name: &str, reads: &[&str], writes: &[&str]) -> Skill {
         schema: json!({"type": "object", "properties": {"done": {"type": "boolean"}}, "required": ["done"]}),
         initial_state: json!({"done": false}),
         settings,
+        migrations: Vec::new(),
     })
     .unwrap()
 }

@@ -103,6 +103,7 @@ fn member_skill(case: &BoardCase) -> Skill {
         schema: json!({"type": "object"}),
         initial_state: json!({}),
         settings,
+        migrations: Vec::new(),
     })
     .unwrap()
 }

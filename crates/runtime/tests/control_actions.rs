@@ -30,6 +30,7 @@ fn notes_skill(max_steps: u32) -> Skill {
         schema: json!({"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}, "required": ["notes"]}),
         initial_state: json!({"notes": []}),
         settings,
+        migrations: Vec::new(),
     })
     .unwrap()
 }

@@ -33,6 +33,7 @@ fn notes_skill() -> Skill {
         schema: json!({"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}, "required": ["notes"]}),
         initial_state: json!({"notes": []}),
         settings,
+        migrations: Vec::new(),
     })
     .unwrap()
 }

@@ -333,6 +333,7 @@ async fn a_board_members_recall_stays_inside_its_reads() {
         schema: json!({"type": "object"}),
         initial_state: json!({}),
         settings,
+        migrations: Vec::new(),
     })
     .unwrap();
     let code = "vault-code-5521-zz";

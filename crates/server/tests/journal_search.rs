@@ -310,6 +310,7 @@ fn vault_skill() -> Skill {
         }),
         initial_state: json!({"creds": {"user": "nobody"}}),
         settings: Default::default(),
+        migrations: Vec::new(),
     })
     .unwrap()
 }

@@ -76,6 +76,7 @@ fn skill() -> Skill {
         schema: schema(),
         initial_state: json!({"creds": {"user": "nobody"}}),
         settings: Default::default(),
+        migrations: Vec::new(),
     })
     .unwrap()
 }

@@ -54,6 +54,7 @@ fn new_task() -> NewTask {
             schema: json!({"type": "object"}),
             initial_state: busy_state(),
             settings: Default::default(),
+            migrations: Vec::new(),
         },
         tools: Vec::new(),
         context: ContextStrategy::State,

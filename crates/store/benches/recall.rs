@@ -37,6 +37,7 @@ fn task() -> NewTask {
             schema: json!({"type": "object"}),
             initial_state: json!({"recent": {}, "handled": 0}),
             settings: Default::default(),
+            migrations: Vec::new(),
         },
         tools: Vec::new(),
         context: ContextStrategy::State,

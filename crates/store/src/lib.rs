@@ -24,6 +24,7 @@ mod recall_rows;
 mod rows;
 mod service;
 mod service_rows;
+mod spec_texts;
 mod sqlite;
 pub mod time;
 mod traits;

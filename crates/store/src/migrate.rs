@@ -73,6 +73,11 @@ pub const SQLITE: &[Migration] = &[
         name: "world_step",
         sql: include_str!("../migrations/sqlite/0012_world_step.sql"),
     },
+    Migration {
+        version: 13,
+        name: "skill_versions",
+        sql: include_str!("../migrations/sqlite/0013_skill_versions.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -135,6 +140,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 12,
         name: "world_step",
         sql: include_str!("../migrations/postgres/0012_world_step.sql"),
+    },
+    Migration {
+        version: 13,
+        name: "skill_versions",
+        sql: include_str!("../migrations/postgres/0013_skill_versions.sql"),
     },
 ];
 

@@ -124,10 +124,21 @@ where
         Err(sqlx::Error::ColumnNotFound(_)) => None,
         other => Some(other?),
     };
+    // NULL when the version the task names is not stored (a LEFT JOIN found none).
+    let texts = (
+        row.try_get::<Option<String>, _>("skill")?,
+        row.try_get::<Option<String>, _>("tools")?,
+    );
+    let (Some(skill), Some(tools)) = texts else {
+        return Err(StoreError::Tampered {
+            task: id,
+            detail: "the skill version it names is not stored".to_owned(),
+        });
+    };
     let (skill, tools) = verified_spec(
         &id,
-        &row.try_get::<String, _>("skill")?,
-        &row.try_get::<String, _>("tools")?,
+        &skill,
+        &tools,
         recorded.as_ref().map(|hash| hash.as_deref()),
     )?;
     Ok(TaskRecord {

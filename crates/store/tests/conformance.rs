@@ -31,6 +31,9 @@ mod spec_hash;
 #[path = "conformance/state_writes.rs"]
 mod state_writes;
 
+#[path = "conformance/versions.rs"]
+mod versions;
+
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Once};
@@ -257,6 +260,7 @@ fn definition() -> SkillDefinition {
         schema: json!({"type": "object"}),
         initial_state: json!({}),
         settings: Default::default(),
+        migrations: Vec::new(),
     }
 }
 
@@ -1383,8 +1387,8 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 12,
-        Backend::Postgres => 12,
+        Backend::Sqlite => 13,
+        Backend::Postgres => 13,
     }
 }
 

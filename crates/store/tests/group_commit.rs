@@ -36,6 +36,7 @@ fn new_task() -> NewTask {
             schema: json!({"type": "object"}),
             initial_state: json!({}),
             settings: Default::default(),
+            migrations: Vec::new(),
         },
         tools: Vec::new(),
         context: ContextStrategy::State,

@@ -1,5 +1,5 @@
-//! SQLite keeps a task's skill and tool list in `task_specs` (schema 7), out of the `tasks` row
-//! that every step rewrites: a database of schema 6 is migrated with every task reading the
+//! SQLite keeps a task's skill and tool list out of the `tasks` row that every step rewrites
+//! (`task_specs` from schema 7, a skill version stored once from schema 13): a database of schema 6 is migrated with every task reading the
 //! same (and still reads, unmigrated, when opened read-only), and a state write costs the same
 //! WAL pages whatever the size of the task's skill and tools.
 #![allow(clippy::unwrap_used)]
@@ -66,6 +66,7 @@ fn big_skill() -> (SkillDefinition, Vec<ToolSpec>) {
         }),
         initial_state: json!({"inventory": {}, "notes": []}),
         settings: Default::default(),
+        migrations: Vec::new(),
     };
     let mut tools = control_specs();
     for name in ["store", "fetch", "count", "inspect"] {
@@ -98,6 +99,7 @@ fn small_skill() -> (SkillDefinition, Vec<ToolSpec>) {
         schema: json!({"type": "object"}),
         initial_state: json!({}),
         settings: Default::default(),
+        migrations: Vec::new(),
     };
     (skill, Vec::new())
 }
@@ -360,7 +362,7 @@ async fn a_schema_six_database_is_migrated_and_every_task_reads_the_same() -> an
         0
     );
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) FROM task_specs").await?,
+        count(&mut conn, "SELECT COUNT(*) FROM task_versions").await?,
         3
     );
     assert_eq!(
@@ -396,7 +398,7 @@ async fn a_schema_six_database_is_migrated_and_every_task_reads_the_same() -> an
     store.delete_task(&tasks[0].id).await?;
     let mut conn = connect(&path).await?;
     assert_eq!(
-        count(&mut conn, "SELECT COUNT(*) FROM task_specs").await?,
+        count(&mut conn, "SELECT COUNT(*) FROM task_versions").await?,
         3
     );
     conn.close().await?;
@@ -421,7 +423,7 @@ async fn skill_and_tools_live_apart_and_go_with_their_task() -> anyhow::Result<(
         0
     );
     let stored: (String, String) =
-        sqlx::query_as("SELECT skill, tools FROM task_specs WHERE task_id = ?")
+        sqlx::query_as("SELECT v.skill, v.tools FROM tasks t JOIN skill_versions v ON v.hash = t.spec_hash WHERE t.id = ?")
             .bind(&task.id)
             .fetch_one(&mut conn)
             .await?;
@@ -437,12 +439,17 @@ async fn skill_and_tools_live_apart_and_go_with_their_task() -> anyhow::Result<(
         "the skill and tools are meant to be as big as real ones"
     );
     // Frozen: the point reads keep them once read.
-    let changed = sqlx::query("UPDATE task_specs SET tools = '[]' WHERE task_id = ?")
-        .bind(&task.id)
-        .execute(&mut conn)
-        .await;
+    let changed = sqlx::query(
+        "UPDATE skill_versions SET tools = '[]' WHERE hash = (SELECT spec_hash FROM tasks WHERE id = ?)",
+    )
+    .bind(&task.id)
+    .execute(&mut conn)
+    .await;
     let refused = changed.err().context("the tools were changed")?.to_string();
-    assert!(refused.contains("frozen at its creation"), "{refused}");
+    assert!(
+        refused.contains("a skill version never changes"),
+        "{refused}"
+    );
     conn.close().await?;
 
     // A batch's tasks and a fork have theirs; a deleted task's go with it.
@@ -471,9 +478,10 @@ async fn skill_and_tools_live_apart_and_go_with_their_task() -> anyhow::Result<(
     assert_eq!(store.task(&queued[0]).await?.skill, small_skill().0);
     store.delete_task(&task.id).await?;
     let mut conn = connect(&path).await?;
-    let left: Vec<String> = sqlx::query_scalar("SELECT task_id FROM task_specs ORDER BY task_id")
-        .fetch_all(&mut conn)
-        .await?;
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT task_id FROM task_versions ORDER BY task_id")
+            .fetch_all(&mut conn)
+            .await?;
     let mut expected = vec![queued[0].clone(), fork.id.clone()];
     expected.sort();
     assert_eq!(left, expected);

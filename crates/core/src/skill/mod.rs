@@ -4,8 +4,10 @@
 //! JSON pointer, so a user fixes a skill in one round instead of one error at a time.
 
 mod frontmatter;
+mod migrations;
 mod ranges;
 mod settings;
+mod version;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use frontmatter::name_problem;
+pub use migrations::{MIGRATIONS_DIR, Migration};
 pub use ranges::{Allowed, RangeProblem, SettingRange, check_ranges};
 pub use settings::{
     BoardEntryPosition, Budgets, DEFAULT_MAX_RETRIES, DEFAULT_MAX_STEPS,
@@ -21,6 +24,7 @@ pub use settings::{
     ShellSettings, SkillSettings, ToolSelection, UnknownOutcome, board_entries, line_column,
 };
 pub use settings::{SKILL_RANGES, SettingsProblem};
+pub use version::SkillVersion;
 
 use crate::schema::StateSchema;
 use crate::tokens::count_tokens;
@@ -42,6 +46,10 @@ pub struct SkillDefinition {
     pub schema: Value,
     pub initial_state: Value,
     pub settings: SkillSettings,
+    /// State migrations from older versions (`migrations/`), oldest first; part of the
+    /// version's content. Absent from what is stored without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrations: Vec<Migration>,
 }
 
 /// A loaded skill with its schema compiled.
@@ -77,6 +85,17 @@ pub struct SkillProblem {
     pub location: Option<Location>,
     pub message: String,
     pub severity: Severity,
+}
+
+impl SkillProblem {
+    fn error(file: PathBuf, location: Option<Location>, message: impl Into<String>) -> Self {
+        Self {
+            file,
+            location,
+            message: message.into(),
+            severity: Severity::Error,
+        }
+    }
 }
 
 impl fmt::Display for SkillProblem {
@@ -222,6 +241,11 @@ impl<'a> Loader<'a> {
         let settings = self.load_settings();
         let schema = self.load_schema();
         let initial_state = self.load_initial_state(schema.as_ref(), settings.as_ref());
+        let migrations = migrations::load(
+            self.dir,
+            settings.as_ref().and_then(|s| s.version.as_ref()),
+            &mut self.problems,
+        );
 
         let has_errors = self.problems.iter().any(|p| p.severity == Severity::Error);
         match (manifest, settings, schema, initial_state) {
@@ -239,6 +263,7 @@ impl<'a> Loader<'a> {
                     schema: schema.document().clone(),
                     initial_state,
                     settings,
+                    migrations,
                 };
                 Ok(LoadedSkill {
                     skill: Skill { definition, schema },

@@ -15,6 +15,10 @@ pub const DEFAULT_MAX_STEPS: u32 = 100;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct SkillSettings {
+    /// The skill's human version (`version = "1.2.0"`): names a version in `skillstate skills`
+    /// and orders the skill's migrations. Optional; absent from what is stored without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<super::SkillVersion>,
     pub budgets: Budgets,
     pub run: RunLimits,
     pub tools: ToolSelection,

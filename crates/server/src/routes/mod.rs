@@ -175,6 +175,7 @@ mod tests {
                 schema: json!({"type": "object"}),
                 initial_state: json!({}),
                 settings: Default::default(),
+                migrations: Vec::new(),
             },
             tools: Vec::new(),
             context: ContextStrategy::State,

@@ -45,9 +45,10 @@ pub struct PostgresStore {
     snapshot_every: u64,
 }
 
-/// Every column: `tenant` came with schema 5, and read-only opens read older schemas too
-/// (`rows::later_text_column`).
-pub(super) const TASK_COLUMNS: &str = "*";
+/// A task by its id (`$1`): every column (`tenant` came with schema 5, and read-only opens read
+/// older schemas too: `rows::later_text_column`) and the skill and tools of the version it runs
+/// (`skill_versions`, schema 13), checked against `t.spec_hash` when decoded.
+pub(super) const TASK_BY_ID: &str = "SELECT t.*, v.skill, v.tools FROM tasks t LEFT JOIN skill_versions v ON v.hash = t.spec_hash WHERE t.id = $1";
 
 impl PostgresStore {
     /// Opens `url` (`postgres://user@host:port/db`, with libpq-style query parameters such as

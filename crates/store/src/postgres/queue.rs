@@ -12,6 +12,7 @@ use crate::model::*;
 use crate::queue::*;
 use crate::queue_rows::{BATCH_COLUMNS, batch_from_row, on_error_str};
 use crate::rows::to_json;
+use crate::spec_texts::SpecTexts;
 use crate::{Result, StoreError, now_millis};
 
 /// Tasks written per statement when enqueueing (each column travels as one array).
@@ -66,16 +67,26 @@ async fn insert_queued(
     now: i64,
 ) -> Result<()> {
     let states: Vec<String> = tasks.iter().map(|t| to_json(&t.initial_state)).collect();
+    // Each task's skill version, stored once for the tasks that share it.
+    let mut hashes: Vec<String> = Vec::with_capacity(tasks.len());
+    let mut versions: Vec<SpecTexts> = Vec::new();
+    for task in tasks {
+        let spec = SpecTexts::of(&task.task);
+        hashes.push(spec.hash.clone());
+        if !versions.iter().any(|v| v.hash == spec.hash) {
+            versions.push(spec);
+        }
+    }
+    super::tasks::store_versions(&mut *tx, &versions, now).await?;
     sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant) \
-             SELECT u.id, u.skill_name, u.skill, u.tools, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $11, $11, $12, 'queued', u.labels, u.tenant \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $13::text[], $14::text[]) \
-             AS u(id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, state, labels, tenant)",
+            "INSERT INTO tasks (id, skill_name, spec_hash, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant) \
+             SELECT u.id, u.skill_name, u.spec_hash, u.context, u.context_budget, u.model, u.environment, u.env_checkpoint, 'running', u.state, 0, $10, $10, $11, 'queued', u.labels, u.tenant \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::text[], $12::text[], $13::text[]) \
+             AS u(id, skill_name, spec_hash, context, context_budget, model, environment, env_checkpoint, state, labels, tenant)",
         )
         .bind(ids)
         .bind(tasks.iter().map(|t| t.task.skill.name.clone()).collect::<Vec<_>>())
-        .bind(tasks.iter().map(|t| to_json(&t.task.skill)).collect::<Vec<_>>())
-        .bind(tasks.iter().map(|t| to_json(&t.task.tools)).collect::<Vec<_>>())
+        .bind(&hashes)
         .bind(tasks.iter().map(|t| t.task.context.as_str().to_owned()).collect::<Vec<_>>())
         .bind(tasks.iter().map(|t| t.task.context_budget.map(|b| b as i64)).collect::<Vec<_>>())
         .bind(tasks.iter().map(|t| t.task.model.clone()).collect::<Vec<_>>())
@@ -88,6 +99,14 @@ async fn insert_queued(
         .bind(tasks.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
+    sqlx::query(
+        "INSERT INTO task_versions (task_id, from_step, spec_hash) \
+             SELECT u.id, 0, u.hash FROM UNNEST($1::text[], $2::text[]) AS u(id, hash)",
+    )
+    .bind(ids)
+    .bind(&hashes)
+    .execute(&mut *tx)
+    .await?;
     sqlx::query(
             "INSERT INTO snapshots (task_id, step, state, state_hash) \
              SELECT u.id, 0, u.state, u.hash FROM UNNEST($1::text[], $2::text[], $3::text[]) AS u(id, state, hash)",

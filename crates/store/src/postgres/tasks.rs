@@ -4,13 +4,13 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use skillstate_core::json::state_hash;
-use sqlx::AssertSqlSafe;
 
 use super::events::CREATED_EVENTS;
-use super::{PostgresStore, TASK_COLUMNS};
+use super::{PostgresStore, TASK_BY_ID};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
 use crate::service::TaskOwner;
+use crate::spec_texts::SpecTexts;
 use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
 
 /// Writes the task `id` at version 0 (owned by `owner` when given) with its snapshot, opening
@@ -25,15 +25,15 @@ pub(super) async fn insert_task(
     owner: Option<&TaskOwner>,
     now: i64,
 ) -> Result<bool> {
+    let spec = SpecTexts::of(task);
     let inserted = sqlx::query(
-        "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels, batch_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, 0, $11, $11, $12, $13, $14, $15) \
+        "INSERT INTO tasks (id, skill_name, spec_hash, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels, batch_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, 0, $10, $10, $11, $12, $13, $14) \
          ON CONFLICT (tenant, idempotency_key) WHERE tenant IS NOT NULL AND idempotency_key IS NOT NULL DO NOTHING",
     )
     .bind(id)
     .bind(&task.skill.name)
-    .bind(to_json(&task.skill))
-    .bind(to_json(&task.tools))
+    .bind(&spec.hash)
     .bind(task.context.as_str())
     .bind(task.context_budget.map(|b| b as i64))
     .bind(&task.model)
@@ -50,6 +50,12 @@ pub(super) async fn insert_task(
     if inserted.rows_affected() != 1 {
         return Ok(false);
     }
+    store_versions(&mut *conn, std::slice::from_ref(&spec), now).await?;
+    sqlx::query("INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES ($1, 0, $2)")
+        .bind(id)
+        .bind(&spec.hash)
+        .execute(&mut *conn)
+        .await?;
     sqlx::query("INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, 0, $2, $3)")
         .bind(id)
         .bind(to_json(initial_state))
@@ -67,6 +73,51 @@ pub(super) async fn insert_task(
         .execute(&mut *conn)
         .await?;
     Ok(true)
+}
+
+/// Stores `versions` that are not stored yet. An existing row is locked (a no-op update), so
+/// that a concurrent collection of the same version (`collect_version`) either waits for this
+/// transaction and then sees its task, or deletes first and this inserts the row again.
+pub(super) async fn store_versions(
+    conn: &mut sqlx::PgConnection,
+    versions: &[SpecTexts],
+    now: i64,
+) -> Result<()> {
+    for spec in versions {
+        sqlx::query(
+            "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (hash) DO UPDATE SET created_at = skill_versions.created_at",
+        )
+        .bind(&spec.hash)
+        .bind(&spec.name)
+        .bind(&spec.version)
+        .bind(&spec.skill)
+        .bind(&spec.tools)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes the version `hash` when no task names it any more (garbage collection). The row is
+/// locked first, so a task being created with it (`store_versions` locks it too) is either
+/// seen by the check, which runs after that task's transaction ends, or stores the row again.
+pub(super) async fn collect_version(conn: &mut sqlx::PgConnection, hash: &str) -> Result<()> {
+    let locked: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM skill_versions WHERE hash = $1 FOR UPDATE")
+            .bind(hash)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if locked.is_some() {
+        sqlx::query(
+            "DELETE FROM skill_versions WHERE hash = $1 AND NOT EXISTS (SELECT 1 FROM task_versions WHERE spec_hash = $1)",
+        )
+        .bind(hash)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Writes `state` as the snapshot at `step`, replacing one already there (a fork's or a
@@ -102,8 +153,7 @@ impl Tasks for PostgresStore {
 
     async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord> {
         let id = self.resolve_id(id_or_prefix).await?;
-        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
+        let row = sqlx::query(TASK_BY_ID)
             .bind(&id)
             .fetch_one(&self.pool)
             .await?;
@@ -111,8 +161,7 @@ impl Tasks for PostgresStore {
     }
 
     async fn task_state(&self, id: &str) -> Result<TaskState> {
-        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
+        let row = sqlx::query(TASK_BY_ID)
             .bind(id)
             .fetch_optional(&self.pool)
             .await?
@@ -161,9 +210,12 @@ impl Tasks for PostgresStore {
                 version: version as u64,
             });
         }
+        // The skill version the parent ran at `step` (an upgrade after it is not the fork's),
+        // and every version it ran up to there.
         sqlx::query(
-            "INSERT INTO tasks (id, skill_name, skill, tools, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant, labels) \
-             SELECT $1, skill_name, skill, tools, context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5, tenant, labels FROM tasks WHERE id = $6",
+            "INSERT INTO tasks (id, skill_name, spec_hash, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant, labels) \
+             SELECT $1, skill_name, (SELECT spec_hash FROM task_versions WHERE task_id = $6 AND from_step <= $4 ORDER BY from_step DESC LIMIT 1), \
+             context, context_budget, model, environment, $2, 'running', $3, $4, id, $4, $5, $5, tenant, labels FROM tasks WHERE id = $6",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))
@@ -171,6 +223,14 @@ impl Tasks for PostgresStore {
         .bind(at)
         .bind(now)
         .bind(parent)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO task_versions (task_id, from_step, spec_hash) SELECT $1, from_step, spec_hash FROM task_versions WHERE task_id = $2 AND from_step <= $3",
+        )
+        .bind(&id)
+        .bind(parent)
+        .bind(at)
         .execute(&mut *tx)
         .await?;
         for sql in [
@@ -277,10 +337,18 @@ impl Tasks for PostgresStore {
             .bind(task)
             .execute(&mut *tx)
             .await?;
+        let versions: Vec<String> =
+            sqlx::query_scalar("SELECT DISTINCT spec_hash FROM task_versions WHERE task_id = $1")
+                .bind(task)
+                .fetch_all(&mut *tx)
+                .await?;
         sqlx::query("DELETE FROM tasks WHERE id = $1")
             .bind(task)
             .execute(&mut *tx)
             .await?;
+        for hash in &versions {
+            collect_version(&mut tx, hash).await?;
+        }
         tx.commit().await?;
         Ok(())
     }

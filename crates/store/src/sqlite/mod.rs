@@ -99,10 +99,13 @@ pub struct SqliteStore {
 
 /// A task by its id (`?`), as `rows::task_from_row` decodes it: every column of `tasks` (`tenant`
 /// came with schema 5, and read-only opens read older schemas too: `rows::later_text_column`)
-/// and its skill and tools, which live in `task_specs` since schema 7 (migration 7 says why).
-/// A LEFT JOIN: a task without them fails to decode, naming the column, instead of vanishing.
-/// `s.*`: also the hash they were recorded with (schema 10), when the schema has it.
-const TASK_BY_ID: &str =
+/// and the skill and tools of the version it runs (`skill_versions`, schema 13; migration 13
+/// says why). A LEFT JOIN: a task without them fails to decode, naming the column, instead of
+/// vanishing. `t.spec_hash` is the hash they are checked against.
+const TASK_BY_ID: &str = "SELECT t.*, v.skill, v.tools FROM tasks t LEFT JOIN skill_versions v ON v.hash = t.spec_hash WHERE t.id = ?";
+/// `TASK_BY_ID` for a database of schema 7 to 12, opened read-only: skill and tools in a copy
+/// per task (`task_specs`).
+const TASK_BY_ID_SPECS_APART: &str =
     "SELECT t.*, s.* FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?";
 /// `TASK_BY_ID` for a database before schema 7, opened read-only: skill and tools in `tasks`.
 const TASK_BY_ID_BEFORE_SPECS: &str = "SELECT * FROM tasks WHERE id = ?";
@@ -218,13 +221,19 @@ impl SqliteStore {
                 // Decided once: a process that migrates the file meanwhile makes this store's
                 // task reads fail (no `skill` column), never answer wrongly; read-only opens are
                 // the short-lived looking commands.
-                let specs_apart: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'task_specs')",
-                )
-                .fetch_one(&pool)
-                .await?;
-                if !specs_apart {
-                    task_by_id = TASK_BY_ID_BEFORE_SPECS;
+                let table = |name: &'static str| {
+                    sqlx::query_scalar::<_, bool>(
+                        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
+                    )
+                    .bind(name)
+                    .fetch_one(&pool)
+                };
+                if !table("skill_versions").await? {
+                    task_by_id = if table("task_specs").await? {
+                        TASK_BY_ID_SPECS_APART
+                    } else {
+                        TASK_BY_ID_BEFORE_SPECS
+                    };
                 }
                 pool
             }

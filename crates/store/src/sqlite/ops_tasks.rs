@@ -25,6 +25,9 @@ pub(super) struct TaskRow {
     skill_name: String,
     skill: String,
     tools: String,
+    /// The skill version's hash (`rows::spec_hash`) and its skill.toml `version`.
+    spec_hash: String,
+    skill_version: Option<String>,
     context: &'static str,
     context_budget: Option<i64>,
     model: String,
@@ -40,11 +43,20 @@ pub(super) struct TaskRow {
 
 impl TaskRow {
     pub(super) fn new(task: &NewTask, initial_state: &Value, labels: Option<&Value>) -> Self {
+        let skill = to_json(&task.skill);
+        let tools = to_json(&task.tools);
         Self {
             id: uuid::Uuid::now_v7().to_string(),
             skill_name: task.skill.name.clone(),
-            skill: to_json(&task.skill),
-            tools: to_json(&task.tools),
+            spec_hash: spec_hash(&skill, &tools),
+            skill_version: task
+                .skill
+                .settings
+                .version
+                .as_ref()
+                .map(ToString::to_string),
+            skill,
+            tools,
             context: task.context.as_str(),
             context_budget: task.context_budget.map(|b| b as i64),
             model: task.model.clone(),
@@ -115,8 +127,8 @@ impl NewTasks {
     }
 }
 
-/// Writes `rows` (queued in `batch` when given) with their skills and tools (`task_specs`),
-/// snapshots, opening observations and `created` events.
+/// Writes `rows` (queued in `batch` when given) with their skill versions (each stored once:
+/// `skill_versions`, `task_versions`), snapshots, opening observations and `created` events.
 pub(super) fn insert_tasks(
     conn: &Connection,
     rows: &[TaskRow],
@@ -124,12 +136,17 @@ pub(super) fn insert_tasks(
     now: i64,
 ) -> OpResult<()> {
     let mut task = conn.prepare_cached(
-            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key, spec_hash) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
         )?;
-    let mut spec = conn.prepare_cached(
-        "INSERT INTO task_specs (task_id, skill, tools, spec_hash) VALUES (?, ?, ?, ?)",
+    let mut version = conn.prepare_cached(
+        "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
     )?;
+    let mut runs = conn.prepare_cached(
+        "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES (?, 0, ?)",
+    )?;
+    // The version of the row before, stored by this call: a batch's tasks share one.
+    let mut stored: Option<&str> = None;
     let mut snapshot = conn.prepare_cached(
         "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES (?, 0, ?, ?)",
     )?;
@@ -138,6 +155,17 @@ pub(super) fn insert_tasks(
     let mut created = conn.prepare_cached(CREATED_EVENT)?;
     let queue = batch.map(|_| "queued");
     for row in rows {
+        if stored != Some(row.spec_hash.as_str()) {
+            version.execute(params![
+                row.spec_hash,
+                row.skill_name,
+                row.skill_version,
+                row.skill,
+                row.tools,
+                now
+            ])?;
+            stored = Some(&row.spec_hash);
+        }
         task.execute(params![
             row.id,
             row.skill_name,
@@ -154,13 +182,9 @@ pub(super) fn insert_tasks(
             row.labels,
             row.tenant,
             row.idempotency_key,
+            row.spec_hash,
         ])?;
-        spec.execute(params![
-            row.id,
-            row.skill,
-            row.tools,
-            spec_hash(&row.skill, &row.tools)
-        ])?;
+        runs.execute(params![row.id, row.spec_hash])?;
         snapshot.execute(params![row.id, row.state, row.state_hash])?;
         observation.execute(params![row.id, row.opening_observation])?;
         created.execute(params![now, row.id])?;

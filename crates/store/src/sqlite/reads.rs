@@ -5,15 +5,14 @@
 //! connection's worker thread and back), which is most of a request's CPU time (README
 //! "Performance", "HTTP service").
 //!
-//! A task's skill definition and tool list (about 4 KB) are most of what a read of it decodes,
-//! and they never change after its creation: since schema 7 they are a row of `task_specs`,
-//! written in the task's creating transaction (a fork gets a copy of its own), deleted with the
-//! task, and refused any UPDATE by a trigger. So they are read and decoded once per task and kept
-//! (`DECODED_KEPT` tasks at most); while a task's are kept, its reads read only its `tasks` row
-//! (no overflow pages) and decode only that. A kept entry cannot go stale: task ids are UUID v7
-//! made by the store and never reused, and a deleted task is not found in `tasks` whatever is
-//! kept. (Only hand-written SQL that deletes a task's `task_specs` row and inserts another one
-//! would go unseen, until the entry is dropped.)
+//! A task's skill definition and tool list (about 4 KB) are most of what a read of it decodes.
+//! Since schema 13 they are a skill version (`skill_versions`), stored once under the hash of its
+//! content and refused any UPDATE by a trigger; a task's row names the version it runs
+//! (`tasks.spec_hash`). So a version is read and decoded once and kept (`DECODED_KEPT` versions
+//! at most), shared by every task that runs it; a read of a task reads its `tasks` row, and the
+//! version only when it is not kept. A kept entry cannot go stale: its key is its content's
+//! hash, checked when it was decoded (`rows::verified_spec`), and an upgraded task names
+//! another hash.
 //!
 //! Each read runs on an idle connection of this module's own (opened on first use, at most
 //! `IDLE` kept), in its own read transaction, exactly as a pooled read would. Anything unusual
@@ -42,7 +41,7 @@ use crate::{Result, StoreError};
 const IDLE: usize = 8;
 /// How long a read waits for a lock here before the pool takes over.
 const BUSY: Duration = Duration::from_millis(20);
-/// Tasks whose decoded skill and tools are kept; the cache starts over when full.
+/// Skill versions kept decoded; the cache starts over when full.
 const DECODED_KEPT: usize = 4096;
 
 thread_local! {
@@ -51,7 +50,7 @@ thread_local! {
     static HELD: RefCell<Option<(usize, Connection)>> = const { RefCell::new(None) };
 }
 
-/// A task's skill definition and tool list, decoded.
+/// A skill version (a skill definition and tool list), decoded.
 struct Decoded {
     skill: SkillDefinition,
     tools: Vec<ToolSpec>,
@@ -189,41 +188,43 @@ impl Readers {
         )
     }
 
-    /// The row of task `id`, its skill and tools decoded: taken from `decoded` when kept there,
-    /// else read with the row, decoded and kept.
+    /// The row of task `id` and the skill version it runs, decoded: taken from `decoded` when
+    /// kept there, else read, decoded and kept.
     fn task_row(&self, id: &str) -> Option<Result<(RawTask, Arc<Decoded>)>> {
-        let kept = self
-            .decoded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
-        let (raw, texts) = self
+        let (raw, hash) = self
             .read(|conn| {
-                if kept.is_some() {
-                    return conn
-                        .prepare_cached(TASK)?
-                        .query_row([id], |row| Ok((RawTask::of(row)?, None)))
-                        .optional();
-                }
-                conn.prepare_cached(TASK_WITH_SPEC)?
+                conn.prepare_cached(TASK)?
                     .query_row([id], |row| {
-                        let skill: String = row.get(SPEC_AT)?;
-                        let tools: String = row.get(SPEC_AT + 1)?;
-                        let hash: Option<String> = row.get(SPEC_AT + 2)?;
-                        Ok((RawTask::of(row)?, Some((skill, tools, hash))))
+                        Ok((RawTask::of(row)?, row.get::<_, Option<String>>(SPEC_AT)?))
                     })
                     .optional()
             })
             .flatten()?;
-        let (skill_text, tools_text, hash) = match (kept, texts) {
-            (Some(kept), _) => return Some(Ok((raw, kept))),
-            (None, Some(texts)) => texts,
-            (None, None) => return None,
+        let Some(hash) = hash else {
+            // No version named: the pool's read reports it.
+            return None;
         };
+        let kept = self
+            .decoded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&hash)
+            .cloned();
+        if let Some(kept) = kept {
+            return Some(Ok((raw, kept)));
+        }
+        let (skill_text, tools_text) = self
+            .read(|conn| {
+                conn.prepare_cached(VERSION)?
+                    .query_row([&hash], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                    })
+                    .optional()
+            })
+            .flatten()?;
         let decoded = (|| {
             let (skill, tools) =
-                verified_spec(&raw.id, &skill_text, &tools_text, Some(hash.as_deref()))?;
+                verified_spec(&raw.id, &skill_text, &tools_text, Some(Some(hash.as_str())))?;
             Ok::<_, StoreError>(Arc::new(Decoded {
                 schema: Arc::new(skill.schema.clone()),
                 skill,
@@ -238,7 +239,7 @@ impl Readers {
         if kept.len() >= DECODED_KEPT {
             kept.clear();
         }
-        kept.insert(raw.id.clone(), decoded.clone());
+        kept.insert(hash, decoded.clone());
         drop(kept);
         Some(Ok((raw, decoded)))
     }
@@ -366,15 +367,14 @@ macro_rules! task_columns {
     };
 }
 
-/// A task row, without its skill and tools.
-const TASK: &str = concat!("SELECT ", task_columns!(), " FROM tasks t WHERE t.id = ?");
-/// A task row, then its skill and tools (columns `SPEC_AT` and `SPEC_AT + 1`; NULL when not
-/// stored, which fails the read here and leaves the error to the pool's read).
-const TASK_WITH_SPEC: &str = concat!(
+/// A task row, then the hash of the skill version it runs (column `SPEC_AT`).
+const TASK: &str = concat!(
     "SELECT ",
     task_columns!(),
-    ", s.skill, s.tools, s.spec_hash FROM tasks t LEFT JOIN task_specs s ON s.task_id = t.id WHERE t.id = ?"
+    ", t.spec_hash FROM tasks t WHERE t.id = ?"
 );
+/// A skill version's skill and tools by its hash.
+const VERSION: &str = "SELECT skill, tools FROM skill_versions WHERE hash = ?";
 const SPEC_AT: usize = 17;
 
 /// A task row as text, decoded after the connection is given back.
@@ -399,7 +399,7 @@ struct RawTask {
 }
 
 impl RawTask {
-    /// The first columns of a `TASK` or `TASK_WITH_SPEC` row.
+    /// The first columns of a `TASK` row.
     fn of(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
             id: row.get(0)?,

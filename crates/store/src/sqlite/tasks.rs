@@ -73,9 +73,12 @@ impl Tasks for SqliteStore {
         let at = step as i64;
         let mut conn = self.write_conn().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        // The skill version the parent ran at `step` (an upgrade after it is not the fork's).
         let created = sqlx::query(
-            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant, labels) \
-             SELECT ?, skill_name, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant, labels FROM tasks WHERE id = ? AND version >= ?",
+            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, parent_task, parent_step, created_at, updated_at, tenant, labels, spec_hash) \
+             SELECT ?, skill_name, context, context_budget, model, environment, ?, 'running', ?, ?, id, ?, ?, ?, tenant, labels, \
+             (SELECT spec_hash FROM task_versions WHERE task_id = tasks.id AND from_step <= ? ORDER BY from_step DESC LIMIT 1) \
+             FROM tasks WHERE id = ? AND version >= ?",
         )
         .bind(&id)
         .bind(env_checkpoint.map(to_json))
@@ -84,6 +87,7 @@ impl Tasks for SqliteStore {
         .bind(at)
         .bind(now)
         .bind(now)
+        .bind(at)
         .bind(parent)
         .bind(at)
         .execute(&mut *tx)
@@ -98,17 +102,18 @@ impl Tasks for SqliteStore {
                 version,
             });
         }
-        // The same skill and tools, in a row of the fork's own (deleted with it).
-        let spec = sqlx::query(
-            "INSERT INTO task_specs (task_id, skill, tools, spec_hash) SELECT ?, skill, tools, spec_hash FROM task_specs WHERE task_id = ?",
+        // The versions the parent ran up to `step`, named by the fork too (stored once).
+        let runs = sqlx::query(
+            "INSERT INTO task_versions (task_id, from_step, spec_hash) SELECT ?, from_step, spec_hash FROM task_versions WHERE task_id = ? AND from_step <= ?",
         )
         .bind(&id)
         .bind(parent)
+        .bind(at)
         .execute(&mut *tx)
         .await?;
-        if spec.rows_affected() != 1 {
+        if runs.rows_affected() == 0 {
             return Err(StoreError::Decode {
-                what: format!("skill and tools of task {parent}"),
+                what: format!("skill version of task {parent}"),
                 message: "not stored".into(),
             });
         }
@@ -205,7 +210,7 @@ impl Tasks for SqliteStore {
         let mut conn = self.write_conn().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         // Forks keep their own copies; only the link to the parent goes. The task's rows in the
-        // other tables (its skill and tools in `task_specs` too) go with it: ON DELETE CASCADE,
+        // other tables (the skill versions it ran, when no other task names them) go with it: ON DELETE CASCADE,
         // and every connection of the store turns foreign keys on.
         sqlx::query("UPDATE tasks SET parent_task = NULL WHERE parent_task = ?")
             .bind(task)

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::*;
 
-fn new_batch(name: &str, on_error: OnError, max_retry: u32) -> NewBatch {
+pub(super) fn new_batch(name: &str, on_error: OnError, max_retry: u32) -> NewBatch {
     NewBatch {
         name: name.into(),
         spec: json!({"skill": "skills/free", "concurrency": 4}),
@@ -16,7 +16,7 @@ fn new_batch(name: &str, on_error: OnError, max_retry: u32) -> NewBatch {
     }
 }
 
-fn queued(n: usize) -> QueuedTask {
+pub(super) fn queued(n: usize) -> QueuedTask {
     QueuedTask {
         task: NewTask {
             opening_observation: format!("input {n}"),

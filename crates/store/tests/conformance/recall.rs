@@ -393,6 +393,7 @@ async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::
         store.release().await;
         drop(store);
         // Back to schema 10, as a database written by an earlier release.
+        versions::back_to_schema_12(&db).await?;
         match db.backend {
             Backend::Sqlite => {
                 db.execute(

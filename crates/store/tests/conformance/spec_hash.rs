@@ -1,7 +1,8 @@
-//! A task's skill and tools are checked against the hash recorded at its creation on every read
-//! that decodes them: a copy changed outside skillstate (the frozen trigger dropped, the schema's
-//! `readOnly` flipped) is refused with `Tampered`, on both backends, and a fork copies the hash
-//! with the skill.
+//! A task's skill and tools are a skill version, stored once under the hash of its content and
+//! checked against that hash on every read that decodes them: a version changed outside
+//! skillstate (the frozen trigger dropped, the schema's `readOnly` flipped) is refused with
+//! `Tampered` for every task that runs it, on both backends, and a fork names its parent's
+//! version.
 
 use super::*;
 
@@ -18,27 +19,19 @@ fn guarded_task() -> NewTask {
     }
 }
 
-/// Drops every trigger that guards the stored skill, then flips `readOnly` in it, as a command
-/// with write access to the database file would.
+/// Drops every trigger that guards the stored skill versions, then flips `readOnly` in the one
+/// `task` runs, as a command with write access to the database would.
 async fn tamper(db: &Db, task: &str) -> anyhow::Result<u64> {
-    match db.backend {
-        Backend::Sqlite => {
-            db.execute("DROP TRIGGER IF EXISTS task_specs_frozen")
-                .await?;
-            db.execute(&format!(
-                "UPDATE task_specs SET skill = replace(skill, '\"readOnly\":true', '\"readOnly\":false') WHERE task_id = '{task}'"
-            ))
-            .await
-        }
-        Backend::Postgres => {
-            db.execute("DROP TRIGGER IF EXISTS tasks_spec_frozen ON tasks")
-                .await?;
-            db.execute(&format!(
-                "UPDATE tasks SET skill = replace(skill, '\"readOnly\":true', '\"readOnly\":false') WHERE id = '{task}'"
-            ))
-            .await
-        }
-    }
+    let drop = match db.backend {
+        Backend::Sqlite => "DROP TRIGGER IF EXISTS skill_versions_frozen",
+        Backend::Postgres => "DROP TRIGGER IF EXISTS skill_versions_frozen ON skill_versions",
+    };
+    db.execute(drop).await?;
+    db.execute(&format!(
+        "UPDATE skill_versions SET skill = replace(skill, '\"readOnly\":true', '\"readOnly\":false') \
+         WHERE hash = (SELECT spec_hash FROM tasks WHERE id = '{task}')"
+    ))
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,49 +43,47 @@ async fn a_stored_skill_changed_outside_skillstate_is_refused() -> anyhow::Resul
         let fork = store
             .fork_task(&task.id, 0, &json!({"owner": "x"}), None)
             .await?;
+        let different = store.create_task(new_task(), &json!({})).await?;
         // Untouched, they read as created.
         assert_eq!(store.task(&task.id).await?.skill, guarded_task().skill);
         assert_eq!(store.task(&fork.id).await?.skill, guarded_task().skill);
         drop(store);
 
-        assert_eq!(tamper(&db, &task.id).await?, 1, "the copy was changed");
-        // A fresh store (a new process, as `reply` would be) decodes the changed copy.
+        assert_eq!(tamper(&db, &task.id).await?, 1, "the version was changed");
+        // A fresh store (a new process, as `reply` would be) decodes the changed version, for
+        // every task that runs it.
         let store = db.open().await?;
-        let error = store.task(&task.id).await.unwrap_err();
+        for id in [&task.id, &other.id, &fork.id] {
+            let error = store.task(id).await.unwrap_err();
+            assert!(
+                matches!(&error, StoreError::Tampered { task: t, .. } if t == id),
+                "{error}"
+            );
+            let message = error.to_string();
+            assert!(
+                message.contains("do not match the hash recorded") && message.contains(id.as_str()),
+                "{message}"
+            );
+        }
+        // A task of another version is untouched and still reads.
+        assert_eq!(store.task(&different.id).await?.skill, new_task().skill);
+
+        // Naming no version is no way around it.
+        drop(store);
+        db.execute(&format!(
+            "UPDATE tasks SET spec_hash = NULL WHERE id = '{}'",
+            different.id
+        ))
+        .await?;
+        let store = db.open().await?;
+        let error = store.task(&different.id).await.unwrap_err();
         assert!(
-            matches!(&error, StoreError::Tampered { task: t, .. } if *t == task.id),
+            matches!(
+                error,
+                StoreError::Tampered { .. } | StoreError::Decode { .. }
+            ),
             "{error}"
         );
-        let message = error.to_string();
-        assert!(
-            message.contains("do not match the hash recorded") && message.contains(&task.id),
-            "{message}"
-        );
-        // Other tasks are untouched and still read.
-        assert_eq!(store.task(&other.id).await?.skill, guarded_task().skill);
-        assert_eq!(store.task(&fork.id).await?.skill, guarded_task().skill);
-
-        // Removing the recorded hash is no way around it.
-        drop(store);
-        match db.backend {
-            Backend::Sqlite => {
-                db.execute(&format!(
-                    "UPDATE task_specs SET spec_hash = NULL WHERE task_id = '{}'",
-                    other.id
-                ))
-                .await?;
-            }
-            Backend::Postgres => {
-                db.execute(&format!(
-                    "UPDATE tasks SET spec_hash = NULL WHERE id = '{}'",
-                    other.id
-                ))
-                .await?;
-            }
-        }
-        let store = db.open().await?;
-        let error = store.task(&other.id).await.unwrap_err();
-        assert!(matches!(error, StoreError::Tampered { .. }), "{error}");
         Ok(())
     })
     .await

@@ -45,19 +45,13 @@ async fn a_task_state_is_the_records_state_by_full_id_only() -> anyhow::Result<(
         assert_eq!(state.status, TaskStatus::Running);
         // A task's skill is frozen: the database refuses to change it behind the store's back
         // (and a copy changed anyway fails its recorded hash: conformance/spec_hash.rs).
-        let change = match db.backend {
-            Backend::Sqlite => format!(
-                "UPDATE task_specs SET skill = replace(skill, 'free-form state', 'changed') WHERE task_id = '{}'",
-                task.id
-            ),
-            Backend::Postgres => format!(
-                "UPDATE tasks SET skill = replace(skill, 'free-form state', 'changed') WHERE id = '{}'",
-                task.id
-            ),
-        };
+        let change = format!(
+            "UPDATE skill_versions SET skill = replace(skill, 'free-form state', 'changed') WHERE hash = (SELECT spec_hash FROM tasks WHERE id = '{}')",
+            task.id
+        );
         let changed = db.execute(&change).await;
         let refused = format!("{:#}", changed.err().context("the skill was changed")?);
-        assert!(refused.contains("frozen at its creation"), "{refused}");
+        assert!(refused.contains("a skill version never changes"), "{refused}");
         assert_eq!(store.task(&task.id).await?.skill, task.skill);
         for wrong in [&task.id[..8], "no-such-task", &task.id.to_uppercase()] {
             match store.task_state(wrong).await {

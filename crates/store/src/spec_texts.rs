@@ -1,0 +1,36 @@
+//! A skill version as stored (`skill_versions`, schema 13): the skill and tools texts of a new
+//! task and the hash that addresses them, shared by both backends.
+
+use crate::model::NewTask;
+use crate::rows::{spec_hash, to_json};
+
+/// A skill version's row: its content texts, their hash, the skill's name and human version.
+#[derive(Debug, Clone)]
+pub(crate) struct SpecTexts {
+    pub(crate) hash: String,
+    pub(crate) name: String,
+    pub(crate) version: Option<String>,
+    pub(crate) skill: String,
+    pub(crate) tools: String,
+}
+
+impl SpecTexts {
+    pub(crate) fn of(task: &NewTask) -> Self {
+        Self::new(&task.skill, &task.tools)
+    }
+
+    pub(crate) fn new(
+        skill: &skillstate_core::SkillDefinition,
+        tools: &[skillstate_core::ToolSpec],
+    ) -> Self {
+        let skill_text = to_json(skill);
+        let tools_text = to_json(&tools);
+        Self {
+            hash: spec_hash(&skill_text, &tools_text),
+            name: skill.name.clone(),
+            version: skill.settings.version.as_ref().map(ToString::to_string),
+            skill: skill_text,
+            tools: tools_text,
+        }
+    }
+}
