@@ -75,6 +75,13 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// List the tasks in the database.
     Tasks,
+    /// The skill versions in the database: name, version (skill.toml's, and the content
+    /// hash), the tasks on each.
+    Skills,
+    /// Move a task (or every task on a version of a skill) to the version of the skill in a
+    /// directory: a dry run showing the migrated state's diff or the precise errors; --apply
+    /// commits it as a step of the task's journal.
+    Upgrade(commands::upgrade::UpgradeArgs),
     /// Show a task: its state and one row per step, or the state/prompt of one step.
     Show(commands::show::ShowArgs),
     /// Search a task's journal: observations, results, reasoning, actions and state writes,
@@ -190,6 +197,10 @@ fn main() -> ExitCode {
             }
             Command::Run(args) => commands::run::run(&cli.db, cli.config.as_deref(), args).await,
             Command::Tasks => commands::tasks::run(&cli.db).await,
+            Command::Skills => commands::upgrade::list(&cli.db).await,
+            Command::Upgrade(args) => {
+                commands::upgrade::run(&cli.db, cli.config.as_deref(), args).await
+            }
             Command::Resume(args) => {
                 commands::lineage::resume(&cli.db, cli.config.as_deref(), args).await
             }

@@ -133,6 +133,7 @@ fn bench(c: &mut Criterion) {
                         previous_result: None,
                         next_observation: None,
                         world: None,
+                        upgrade: None,
                     };
                     runtime
                         .block_on(store.commit_step(&task.id, version, &commit))

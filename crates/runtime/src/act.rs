@@ -101,6 +101,7 @@ impl Runner<'_> {
             previous_result,
             next_observation: None,
             world,
+            upgrade: None,
         };
         self.check_lease()?;
         match (board, &accepted.board) {

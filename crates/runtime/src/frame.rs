@@ -128,6 +128,25 @@ pub async fn rebuild_prompt(
     step: u64,
     attempt: u32,
 ) -> Result<(Prompt, String), RuntimeError> {
+    // The skill version the step ran on: the newest that began at it or before (an upgrade's
+    // own step begins its version; steps before it rebuild with the one they ran on).
+    let versions = store.task_versions(&task.id).await?;
+    let ran = versions.iter().rev().find(|v| v.from_step <= step);
+    let earlier;
+    let task = match ran {
+        Some(version)
+            if version.hash != skillstate_store::spec_hash_of(&task.skill, &task.tools) =>
+        {
+            let change = store.skill_version(&version.hash).await?;
+            earlier = TaskRecord {
+                skill: change.skill,
+                tools: change.tools,
+                ..task.clone()
+            };
+            &earlier
+        }
+        _ => task,
+    };
     let frame = TaskFrame::new(task)?;
     let journal = store.journal(&task.id).await?;
     let (recorded_hash, board_version) = journal

@@ -22,6 +22,7 @@ mod state_write;
 mod step;
 mod step_loop;
 mod task_start;
+pub mod upgrade;
 mod voice;
 mod worker;
 mod world;
@@ -41,7 +42,8 @@ pub use state_write::{
 };
 pub use step_loop::Runner;
 pub use task_start::{
-    NoProgress, RunObserver, RunOutcome, TaskOptions, prepare_task, start_board_task, start_task,
+    NoProgress, RunObserver, RunOutcome, TaskOptions, prepare_task, presented_tools,
+    start_board_task, start_task,
 };
 pub use worker::{
     Backoff, HostedTask, StopLevel, TaskHost, WorkerEvent, WorkerOptions, WorkerStats,

@@ -375,6 +375,7 @@ async fn prepare(
             previous_result: None,
             next_observation: Some(next_observation),
             world: None,
+            upgrade: None,
         },
     })
 }

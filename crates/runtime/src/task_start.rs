@@ -105,18 +105,28 @@ pub async fn start_board_task(
         .await?)
 }
 
-/// What `start_task` stores, without storing it (a batch queues many at once).
-pub fn prepare_task(
+/// The tools a task of `skill` presents to the model in `env`, as `prepare_task` chooses them
+/// (also the tools of a version a task is upgraded to).
+pub fn presented_tools(
     skill: &Skill,
-    env: &mut dyn Environment,
-    options: &TaskOptions,
-) -> Result<NewTask, RuntimeError> {
+    env: &dyn Environment,
+) -> Result<Vec<ToolSpec>, RuntimeError> {
     let tools = select_tools(
         &crate::recall::available_tools(env.tools()),
         &skill.settings().tools,
     )?;
     let specs: Vec<ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     ToolCatalog::new(specs.clone())?;
+    Ok(specs)
+}
+
+/// What `start_task` stores, without storing it (a batch queues many at once).
+pub fn prepare_task(
+    skill: &Skill,
+    env: &mut dyn Environment,
+    options: &TaskOptions,
+) -> Result<NewTask, RuntimeError> {
+    let specs = presented_tools(skill, env)?;
     let opening = env.opening_observation();
     let opening_observation =
         crate::voice::not_the_user(&Outside::new(opening).redacted(&options.secrets)).into_owned();

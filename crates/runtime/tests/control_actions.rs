@@ -286,6 +286,7 @@ async fn crash_after_commit(
         previous_result: None,
         next_observation: None,
         world: None,
+        upgrade: None,
     };
     store.commit_step(&task.id, 0, &commit).await.unwrap();
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);

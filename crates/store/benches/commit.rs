@@ -110,6 +110,7 @@ fn commit_for(task: &str, step: u64, stored: &Value, shipped: &Value) -> StepCom
         previous_result: None,
         next_observation: None,
         world: None,
+        upgrade: None,
     }
 }
 

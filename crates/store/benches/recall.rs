@@ -116,6 +116,7 @@ async fn fill(store: &dyn Store) -> String {
             previous_result: None,
             next_observation: None,
             world: None,
+            upgrade: None,
         };
         store
             .commit_step(&task, step - 1, &commit)

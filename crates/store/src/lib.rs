@@ -25,6 +25,7 @@ mod rows;
 mod service;
 mod service_rows;
 mod spec_texts;
+pub use spec_texts::spec_hash_of;
 mod sqlite;
 pub mod time;
 mod traits;

@@ -234,6 +234,42 @@ pub struct StepCommit {
     /// for a step that stops or pauses the task, so that a stopped task's stored world is its
     /// last one; `None` leaves the stored checkpoint as it is.
     pub world: Option<Value>,
+    /// For a step that moves the task to another version of its skill (an upgrade): that
+    /// version, stored once (`skill_versions`), run from this step on.
+    pub upgrade: Option<SkillChange>,
+}
+
+/// A skill version a task ran (`Tasks::task_versions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TaskVersion {
+    /// The first step that ran on it (0: the version the task was created with).
+    pub from_step: u64,
+    pub hash: String,
+    /// skill.toml's `version`, when it has one.
+    pub version: Option<String>,
+}
+
+/// A stored skill version (`Tasks::skill_versions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkillVersionSummary {
+    pub hash: String,
+    pub name: String,
+    pub version: Option<String>,
+    pub created_at: i64,
+    /// Tasks that run it now.
+    pub tasks: u64,
+    /// Tasks that ran it and moved to another version since.
+    pub former_tasks: u64,
+    /// Bytes of its skill and tools texts.
+    pub bytes: u64,
+}
+
+/// The skill version a task moves to with a step (`StepCommit::upgrade`): its skill and the
+/// tools as presented to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkillChange {
+    pub skill: SkillDefinition,
+    pub tools: Vec<ToolSpec>,
 }
 
 /// What a finished tool call writes, in one transaction.

@@ -34,3 +34,12 @@ impl SpecTexts {
         }
     }
 }
+
+/// The hash a skill version is stored under (`skill_versions.hash`): SHA-256 of its skill and
+/// tools texts as stored.
+pub fn spec_hash_of(
+    skill: &skillstate_core::SkillDefinition,
+    tools: &[skillstate_core::ToolSpec],
+) -> String {
+    SpecTexts::new(skill, tools).hash
+}

@@ -81,6 +81,13 @@ pub trait Tasks: Send + Sync {
     async fn delete_task(&self, task: &str) -> Result<()>;
     /// Bytes the task occupies, by kind.
     async fn storage_stats(&self, task: &str) -> Result<StorageStats>;
+    /// The skill versions `task` ran, oldest first: each from the step it began at (0 for the
+    /// one it was created with).
+    async fn task_versions(&self, task: &str) -> Result<Vec<TaskVersion>>;
+    /// The skill version stored under `hash`, checked against it.
+    async fn skill_version(&self, hash: &str) -> Result<SkillChange>;
+    /// Every stored skill version, by name and then age, with the tasks that run it now.
+    async fn skill_versions(&self) -> Result<Vec<SkillVersionSummary>>;
 }
 
 /// The step journal of one task: writing steps, rejections and tool results, and reading them

@@ -338,6 +338,7 @@ fn step_commit(step: u64, state: &Value, patch: Value, with_intent: bool) -> Ste
         previous_result: None,
         next_observation: None,
         world: None,
+        upgrade: None,
     }
 }
 
@@ -980,6 +981,7 @@ async fn rebuild_every_step(db: &Db, patches: Vec<Value>, every: u64) -> Result<
             previous_result: None,
             next_observation: None,
             world: None,
+            upgrade: None,
         };
         store
             .commit_step(&task.id, step - 1, &commit)

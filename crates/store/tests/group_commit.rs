@@ -84,6 +84,7 @@ fn commit(task: &str, step: u64) -> StepCommit {
         previous_result: None,
         next_observation: None,
         world: None,
+        upgrade: None,
     }
 }
 

@@ -145,6 +145,7 @@ fn state_write(step: u64, new_state: Value) -> StepCommit {
         previous_result: None,
         next_observation: Some("start".into()),
         world: None,
+        upgrade: None,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod serve;
 pub mod show;
 pub mod tasks;
 pub mod tools;
+pub mod upgrade;
 pub mod validate;
 pub mod view;
 pub mod why;

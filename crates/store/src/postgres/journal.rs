@@ -13,6 +13,7 @@ use super::events::{NewEvent, insert_events};
 use crate::model::*;
 use crate::rows::{decode, entry_from_row, extent_from_row, to_json, verdict_str};
 use crate::service_rows::{OldStatus, action_data, rejected_data, status_data, step_data_of};
+use crate::spec_texts::SpecTexts;
 use crate::{Journal, Result, StoreError, now_millis};
 
 /// The task's status and outcome, its row locked until the transaction ends; `None` when
@@ -209,6 +210,23 @@ impl PostgresStore {
             });
         }
         insert_entry(&mut tx, task, &commit.entry).await?;
+        if let Some(change) = &commit.upgrade {
+            let spec = SpecTexts::new(&change.skill, &change.tools);
+            super::tasks::store_versions(&mut tx, std::slice::from_ref(&spec), now).await?;
+            sqlx::query(
+                "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES ($1, $2, $3)",
+            )
+            .bind(task)
+            .bind(next_version as i64)
+            .bind(&spec.hash)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query("UPDATE tasks SET spec_hash = $1 WHERE id = $2")
+                .bind(&spec.hash)
+                .bind(task)
+                .execute(&mut *tx)
+                .await?;
+        }
         if let Some(intent) = &commit.intent {
             sqlx::query(
                 "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7)",

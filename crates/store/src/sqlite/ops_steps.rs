@@ -10,6 +10,7 @@ use crate::model::*;
 use crate::recall_rows::{IndexEntry, recall_entries};
 use crate::rows::{to_json, verdict_str};
 use crate::service_rows::{OldStatus, action_data, rejected_data, status_data, step_data};
+use crate::spec_texts::SpecTexts;
 
 /// Appends one event of `task`, with the task's tenant and current version.
 pub(super) fn insert_event(
@@ -155,6 +156,8 @@ pub(super) struct Step {
     next_observation: Option<String>,
     /// The environment's checkpoint as of `expected_version` (`StepCommit::world`).
     world: Option<String>,
+    /// The skill version the task runs from this step on (`StepCommit::upgrade`).
+    upgrade: Option<SpecTexts>,
     now: i64,
 }
 
@@ -213,6 +216,10 @@ impl Step {
                 .map(|result| ActionDone::new(task, result, now)),
             next_observation: commit.next_observation.clone(),
             world: commit.world.as_ref().map(to_json),
+            upgrade: commit
+                .upgrade
+                .as_ref()
+                .map(|change| SpecTexts::new(&change.skill, &change.tools)),
             now,
         }
     }
@@ -258,6 +265,18 @@ impl Step {
             .into());
         }
         self.entry.insert(conn, &self.task)?;
+        if let Some(spec) = &self.upgrade {
+            conn.prepare_cached(
+                "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+            )?
+            .execute(params![spec.hash, spec.name, spec.version, spec.skill, spec.tools, self.now])?;
+            conn.prepare_cached(
+                "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES (?, ?, ?)",
+            )?
+            .execute(params![self.task, next, spec.hash])?;
+            conn.prepare_cached("UPDATE tasks SET spec_hash = ? WHERE id = ?")?
+                .execute(params![spec.hash, self.task])?;
+        }
         if let Some((tool, args, key, side_effect)) = &self.intent {
             conn.prepare_cached(
                 "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",

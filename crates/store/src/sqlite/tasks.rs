@@ -227,6 +227,66 @@ impl Tasks for SqliteStore {
         Ok(())
     }
 
+    async fn task_versions(&self, task: &str) -> Result<Vec<TaskVersion>> {
+        let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+            "SELECT tv.from_step, tv.spec_hash, v.version FROM task_versions tv JOIN skill_versions v ON v.hash = tv.spec_hash WHERE tv.task_id = ? ORDER BY tv.from_step",
+        )
+        .bind(task)
+        .fetch_all(&self.pool)
+        .await?;
+        if rows.is_empty() {
+            // A task names at least the version it was created with.
+            self.current_version(task).await?;
+        }
+        Ok(rows
+            .into_iter()
+            .map(|(from_step, hash, version)| TaskVersion {
+                from_step: from_step.max(0) as u64,
+                hash,
+                version,
+            })
+            .collect())
+    }
+
+    async fn skill_version(&self, hash: &str) -> Result<SkillChange> {
+        let texts: Option<(String, String)> =
+            sqlx::query_as("SELECT skill, tools FROM skill_versions WHERE hash = ?")
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await?;
+        let (skill, tools) =
+            texts.ok_or_else(|| StoreError::NotFound(format!("skill version {hash}")))?;
+        let (skill, tools) = crate::rows::verified_spec(
+            &format!("skill version {hash}"),
+            &skill,
+            &tools,
+            Some(Some(hash)),
+        )?;
+        Ok(SkillChange { skill, tools })
+    }
+
+    async fn skill_versions(&self) -> Result<Vec<SkillVersionSummary>> {
+        let rows: Vec<(String, String, Option<String>, i64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT v.hash, v.name, v.version, v.created_at, (SELECT COUNT(*) FROM tasks t WHERE t.spec_hash = v.hash) AS tasks, (SELECT COUNT(DISTINCT tv.task_id) FROM task_versions tv WHERE tv.spec_hash = v.hash) AS ran, LENGTH(v.skill) + LENGTH(v.tools) AS bytes FROM skill_versions v ORDER BY v.name, v.created_at, v.hash",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(hash, name, version, created_at, tasks, ran, bytes)| SkillVersionSummary {
+                    hash,
+                    name,
+                    version,
+                    created_at,
+                    tasks: tasks.max(0) as u64,
+                    former_tasks: (ran - tasks).max(0) as u64,
+                    bytes: bytes.max(0) as u64,
+                },
+            )
+            .collect())
+    }
+
     async fn storage_stats(&self, task: &str) -> Result<StorageStats> {
         let bytes = |sql: &'static str| {
             let pool = self.pool.clone();

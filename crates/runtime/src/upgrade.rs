@@ -1,0 +1,287 @@
+//! Moving a task to another version of its skill (`skillstate upgrade`).
+//!
+//! An upgrade is a step of the task's journal, authored by whoever asked for it (the operator,
+//! an API key): its patch takes the state to the migrated one (core's `plan_upgrade`: the
+//! migrations that apply, then the new version's schema, read-only rule and budget), and the
+//! step records the version the task runs from then on (`StepCommit::upgrade`, stored once in
+//! `skill_versions`). So replay and hash checks cover it, and a prompt of any step rebuilds
+//! with the version it was rendered from (`frame.rs::rebuild_prompt`).
+//!
+//! It commits as a state write does: only while nobody holds the task's execution lease,
+//! checked in the step's own transaction (`Leases::commit_unleased_step`), so it never lands
+//! inside a runner's work; a task a runner is driving is refused (`Busy`), as is one whose
+//! last action is in flight or waits for a human (`Pending`: settle it first), and a task that
+//! moved on since it was read (`Stale`). The observation the task's next step would have read
+//! carries over to the step after the upgrade, with a note that the skill changed.
+//!
+//! Without `apply` nothing is written: the answer is the plan (the migrated state's diff) or
+//! the refusal, exactly as applying would give it then.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use skillstate_core::upgrade::{UpgradePlan, plan_upgrade};
+use skillstate_core::{Rejection, Skill, ToolSpec};
+use skillstate_store::{
+    JournalEntry, SkillChange, StepCommit, Store, StoreError, TaskRecord, TaskStatus, Verdict,
+};
+
+use crate::step_loop::now_millis;
+
+/// One upgrade: `task` to `to` (its skill compiled, and the tools as its tasks present them).
+pub struct Upgrade<'a> {
+    pub task: &'a str,
+    pub to: &'a Skill,
+    pub tools: &'a [ToolSpec],
+    /// Who asks, recorded as the step's author (`operator`, an API key id).
+    pub author: &'a str,
+    /// Commit it; otherwise only say what it would do.
+    pub apply: bool,
+}
+
+/// A skill version as a report names it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VersionName {
+    pub hash: String,
+    /// skill.toml's `version`, when it has one.
+    pub version: Option<String>,
+}
+
+impl std::fmt::Display for VersionName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = &self.hash[..self.hash.len().min(12)];
+        match &self.version {
+            Some(version) => write!(f, "{version} ({short})"),
+            None => write!(f, "{short}"),
+        }
+    }
+}
+
+/// What an upgrade did, or would do.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Upgraded {
+    pub task: String,
+    pub from: VersionName,
+    pub to: VersionName,
+    /// The migrations run, by the version each starts from.
+    pub migrations: Vec<String>,
+    /// RFC 6902 operations from the state before to the state after (empty: unchanged).
+    pub diff: Value,
+    /// The step that records it (`apply`), or would.
+    pub step: u64,
+    /// Whether it was committed.
+    pub applied: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The task already runs this version.
+    #[error("task {task} already runs {version}")]
+    Unchanged { task: String, version: VersionName },
+    /// The target is another skill.
+    #[error("task {task} runs skill `{runs}`, not `{target}`: point --to at a version of `{runs}`")]
+    OtherSkill {
+        task: String,
+        runs: String,
+        target: String,
+    },
+    /// The migrated state fails the new version's checks; each rejection has its pointer.
+    #[error("task {task} cannot move to {to}: {}", .rejections.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Refused {
+        task: String,
+        to: VersionName,
+        rejections: Vec<Rejection>,
+    },
+    /// A runner holds the task's lease.
+    #[error(
+        "task {task} is being run by {holder}: it is upgraded between runs; try again once it stops or pauses"
+    )]
+    Busy { task: String, holder: String },
+    /// An action of the task is in flight or waits for a human.
+    #[error(
+        "task {task} has an action at step {step} that is {what}: settle it first (approve, reject or reply), then upgrade"
+    )]
+    Pending {
+        task: String,
+        step: u64,
+        what: &'static str,
+    },
+    /// The task took a step between its read and the upgrade's commit.
+    #[error("task {task} moved on to version {actual} meanwhile: run the upgrade again")]
+    Stale { task: String, actual: u64 },
+}
+
+/// The note the step after an upgrade opens with.
+fn upgraded_note(from: &VersionName, to: &VersionName) -> String {
+    format!(
+        "(The skill was upgraded from {from} to {to} since the last step; the procedure, tools and state shown are the new version's.)"
+    )
+}
+
+/// Plans `upgrade` and, with `apply`, commits it.
+pub async fn upgrade_task(
+    store: &Arc<dyn Store>,
+    upgrade: &Upgrade<'_>,
+) -> Result<Upgraded, UpgradeError> {
+    let task = store.task(upgrade.task).await?;
+    let change = SkillChange {
+        skill: upgrade.to.definition.clone(),
+        tools: upgrade.tools.to_vec(),
+    };
+    let to = version_name(&change.skill, &change.tools);
+    let from = version_name(&task.skill, &task.tools);
+    if task.skill.name != change.skill.name {
+        return Err(UpgradeError::OtherSkill {
+            task: task.id,
+            runs: task.skill.name,
+            target: change.skill.name,
+        });
+    }
+    if from.hash == to.hash {
+        return Err(UpgradeError::Unchanged {
+            task: task.id,
+            version: to,
+        });
+    }
+    let plan = plan_upgrade(
+        task.skill.settings.version.as_ref(),
+        &task.state,
+        upgrade.to,
+    )
+    .map_err(|rejections| UpgradeError::Refused {
+        task: task.id.clone(),
+        to: to.clone(),
+        rejections,
+    })?;
+    let step = task.version + 1;
+    let mut upgraded = Upgraded {
+        task: task.id.clone(),
+        from,
+        to,
+        migrations: plan.migrations.iter().map(ToString::to_string).collect(),
+        diff: plan.patch.clone(),
+        step,
+        applied: false,
+    };
+    if let Some((step, what)) = pending_action(store.as_ref(), &task).await? {
+        return Err(UpgradeError::Pending {
+            task: task.id,
+            step,
+            what,
+        });
+    }
+    if !upgrade.apply {
+        return Ok(upgraded);
+    }
+    let commit = upgrade_step(
+        store.as_ref(),
+        &task,
+        &upgraded,
+        plan,
+        change,
+        upgrade.author,
+    )
+    .await?;
+    match store
+        .commit_unleased_step(&task.id, task.version, &commit)
+        .await
+    {
+        Ok(()) => {
+            upgraded.applied = true;
+            Ok(upgraded)
+        }
+        Err(StoreError::Conflict { actual, .. }) => Err(UpgradeError::Stale {
+            task: task.id,
+            actual,
+        }),
+        Err(StoreError::Leased { lease, .. }) => Err(UpgradeError::Busy {
+            task: task.id,
+            holder: lease.holder,
+        }),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// The step of a task's action that is still in flight or waits for a human, if any. One
+/// appearing after this read comes with a step, which the commit's version check catches.
+async fn pending_action(
+    store: &dyn Store,
+    task: &TaskRecord,
+) -> Result<Option<(u64, &'static str)>, StoreError> {
+    let pending = store
+        .intents(&task.id)
+        .await?
+        .into_iter()
+        .find(|i| i.step == task.version && !i.done);
+    Ok(pending.map(|intent| {
+        let what = match task.status {
+            TaskStatus::AwaitingApproval => "waiting for approval",
+            TaskStatus::AwaitingInput => "waiting for a reply",
+            _ => "in flight",
+        };
+        (intent.step, what)
+    }))
+}
+
+/// The journal step that records `upgraded`.
+async fn upgrade_step(
+    store: &dyn Store,
+    task: &TaskRecord,
+    upgraded: &Upgraded,
+    plan: UpgradePlan,
+    change: SkillChange,
+    author: &str,
+) -> Result<StepCommit, StoreError> {
+    let step = upgraded.step;
+    let carried = store.observation(&task.id, step).await?.unwrap_or_default();
+    let note = upgraded_note(&upgraded.from, &upgraded.to);
+    let next_observation = if carried.is_empty() {
+        note
+    } else {
+        format!("{carried}\n\n{note}")
+    };
+    let output = json!({
+        "upgrade": {
+            "from": upgraded.from,
+            "to": upgraded.to,
+            "migrations": upgraded.migrations,
+        }
+    });
+    Ok(StepCommit {
+        entry: JournalEntry {
+            step,
+            attempt: 1,
+            verdict: Verdict::Accepted,
+            output: output.to_string(),
+            patch: Some(plan.patch),
+            action: None,
+            errors: None,
+            state_hash: Some(plan.state_hash),
+            prompt_tokens: 0,
+            output_tokens: None,
+            prompt_hash: String::new(),
+            usage: None,
+            latency_ms: 0,
+            created_at: now_millis(),
+            author: Some(author.to_owned()),
+            board_version: None,
+        },
+        new_state: plan.new_state,
+        intent: None,
+        status: None,
+        previous_result: None,
+        next_observation: Some(next_observation),
+        world: None,
+        upgrade: Some(change),
+    })
+}
+
+/// How reports name the version of `skill` and `tools`.
+pub fn version_name(skill: &skillstate_core::SkillDefinition, tools: &[ToolSpec]) -> VersionName {
+    VersionName {
+        hash: skillstate_store::spec_hash_of(skill, tools),
+        version: skill.settings.version.as_ref().map(ToString::to_string),
+    }
+}
