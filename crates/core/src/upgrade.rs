@@ -129,10 +129,25 @@ pub fn plan_upgrade(
     }
     let patch = serde_json::to_value(json_patch::diff(state, &migrated))
         .unwrap_or_else(|_| Value::Array(Vec::new()));
+    // The state committed is the journaled patch applied to the old state, exactly as replay
+    // and time travel will rebuild it (member order included, which a prompt shows).
+    let new_state = StatePatch::from_value(&patch)
+        .and_then(|p| p.apply(state))
+        .ok()
+        .filter(|replayed| *replayed == migrated)
+        .ok_or_else(|| {
+            vec![Rejection {
+                kind: RejectionKind::PatchApply,
+                document: Document::State,
+                pointer: String::new(),
+                message: "the migrated state cannot be expressed as a patch of the task's state"
+                    .to_owned(),
+            }]
+        })?;
     Ok(UpgradePlan {
         migrations: ran,
-        state_hash: state_hash(&migrated),
-        new_state: migrated,
+        state_hash: state_hash(&new_state),
+        new_state,
         patch,
     })
 }
