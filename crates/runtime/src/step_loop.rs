@@ -206,11 +206,13 @@ impl<'a> Runner<'a> {
     pub(crate) async fn run_held(&mut self, task_id: &str) -> Result<RunOutcome, RuntimeError> {
         let task = self.store.task(task_id).await?;
         check_continuity(self.store.as_ref(), &task).await?;
-        let mut frame = TaskFrame::new(&task)?;
-        let scope = frame.skill.settings().board.clone();
-        if let Some(board) = BoardFrame::of(self.store.as_ref(), &task, scope.as_ref()).await? {
-            frame.attach(board);
-        }
+        // An upgrade scheduled while the task waited on an action it settled (`approve`,
+        // `reject`, `reply` directly) goes in before anything else.
+        let task = match self.upgrade_scheduled(&task).await? {
+            Some(upgraded) => upgraded,
+            None => task,
+        };
+        let mut frame = self.frame_of(&task).await?;
         self.restore_world(&task).await?;
         let env_tools = crate::recall::with_recall(self.env.tools(), &self.store, &task);
         for spec in frame
@@ -226,9 +228,17 @@ impl<'a> Runner<'a> {
                 });
             }
         }
-        // Decisions and messages sent while the task was paused, finished or not running.
+        // Decisions and messages sent while the task was paused, finished or not running; a
+        // decision that settles the waiting action lets a scheduled upgrade in.
         let task = if self.open_inbox(&task, &env_tools).await? {
-            self.store.task(&task.id).await?
+            let task = self.store.task(&task.id).await?;
+            match self.upgrade_scheduled(&task).await? {
+                Some(upgraded) => {
+                    frame = self.frame_of(&upgraded).await?;
+                    upgraded
+                }
+                None => task,
+            }
         } else {
             task
         };
@@ -266,6 +276,16 @@ impl<'a> Runner<'a> {
             steps: final_task.version,
             outcome: final_task.outcome,
         })
+    }
+
+    /// The frame `task`'s prompts are rendered from, with its board attached.
+    async fn frame_of(&self, task: &TaskRecord) -> Result<TaskFrame, RuntimeError> {
+        let mut frame = TaskFrame::new(task)?;
+        let scope = frame.skill.settings().board.clone();
+        if let Some(board) = BoardFrame::of(self.store.as_ref(), task, scope.as_ref()).await? {
+            frame.attach(board);
+        }
+        Ok(frame)
     }
 
     /// Steps until the task stops running; a result still held back is written before this

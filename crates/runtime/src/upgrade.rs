@@ -10,9 +10,14 @@
 //! It commits as a state write does: only while nobody holds the task's execution lease,
 //! checked in the step's own transaction (`Leases::commit_unleased_step`), so it never lands
 //! inside a runner's work; a task a runner is driving is refused (`Busy`), as is one whose
-//! last action is in flight or waits for a human (`Pending`: settle it first), and a task that
-//! moved on since it was read (`Stale`). The observation the task's next step would have read
-//! carries over to the step after the upgrade, with a note that the skill changed.
+//! last action is in flight after a crash (`Pending`), and a task that moved on since it was
+//! read (`Stale`). A task whose action waits for a human (approval, a reply) is upgraded
+//! between steps: the upgrade is scheduled (`Tasks::schedule_upgrade`, checked now against the
+//! state, which cannot change while the task waits) and the runner that settles the action
+//! commits it under its lease before the next model call (`Runner::upgrade_scheduled`), so the
+//! action finishes under the version that proposed it. The observation the task's next step
+//! would have read carries over to the step after the upgrade, with a note that the skill
+//! changed.
 //!
 //! Without `apply` nothing is written: the answer is the plan (the migrated state's diff) or
 //! the refusal, exactly as applying would give it then.
@@ -71,6 +76,9 @@ pub struct Upgraded {
     pub step: u64,
     /// Whether it was committed.
     pub applied: bool,
+    /// Whether it waits for the task's waiting action to be settled (committed then, by the
+    /// runner that settles it).
+    pub scheduled: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,13 +172,37 @@ pub async fn upgrade_task(
         diff: plan.patch.clone(),
         step,
         applied: false,
+        scheduled: false,
     };
     if let Some((step, what)) = pending_action(store.as_ref(), &task).await? {
-        return Err(UpgradeError::Pending {
-            task: task.id,
-            step,
-            what,
-        });
+        if !matches!(
+            task.status,
+            TaskStatus::AwaitingApproval | TaskStatus::AwaitingInput
+        ) {
+            return Err(UpgradeError::Pending {
+                task: task.id,
+                step,
+                what,
+            });
+        }
+        // Waiting for a human: between steps is after the action is settled.
+        upgraded.scheduled = true;
+        if upgrade.apply {
+            match store
+                .schedule_upgrade(&task.id, task.version, Some((&change, upgrade.author)))
+                .await
+            {
+                Ok(()) => {}
+                Err(StoreError::Conflict { actual, .. }) => {
+                    return Err(UpgradeError::Stale {
+                        task: task.id,
+                        actual,
+                    });
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+        return Ok(upgraded);
     }
     if !upgrade.apply {
         return Ok(upgraded);
@@ -223,6 +255,79 @@ async fn pending_action(
         };
         (intent.step, what)
     }))
+}
+
+impl crate::step_loop::Runner<'_> {
+    /// Commits the upgrade scheduled for `task` while it waited on an action, once that action
+    /// is settled (no intent pending), under the runner's lease, before the next model call.
+    /// Returns the task as it is after it, or `None` when nothing was scheduled or the action
+    /// still waits. An upgrade the state no longer passes is dropped with a warning (the state
+    /// cannot change while a task waits, so this takes a change made outside skillstate).
+    pub(crate) async fn upgrade_scheduled(
+        &mut self,
+        task: &TaskRecord,
+    ) -> Result<Option<TaskRecord>, crate::RuntimeError> {
+        let Some(scheduled) = task.upgrade_to.clone() else {
+            return Ok(None);
+        };
+        if pending_action(self.store.as_ref(), task).await?.is_some() {
+            return Ok(None);
+        }
+        let change = self.store.skill_version(&scheduled.hash).await?;
+        let skill = Skill::from_definition(change.skill.clone()).map_err(|message| {
+            crate::RuntimeError::StoredTask {
+                task: task.id.clone(),
+                message,
+            }
+        })?;
+        let from = version_name(&task.skill, &task.tools);
+        let to = version_name(&change.skill, &change.tools);
+        let plan = match plan_upgrade(task.skill.settings.version.as_ref(), &task.state, &skill) {
+            Ok(plan) => plan,
+            Err(rejections) => {
+                tracing::warn!(
+                    task = %task.id,
+                    to = %to,
+                    problems = %rejections.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+                    "the scheduled upgrade no longer fits the task's state; dropped"
+                );
+                self.store
+                    .schedule_upgrade(&task.id, task.version, None)
+                    .await?;
+                return Ok(None);
+            }
+        };
+        let upgraded = Upgraded {
+            task: task.id.clone(),
+            from,
+            to,
+            migrations: plan.migrations.iter().map(ToString::to_string).collect(),
+            diff: plan.patch.clone(),
+            step: task.version + 1,
+            applied: true,
+            scheduled: true,
+        };
+        let commit = upgrade_step(
+            self.store.as_ref(),
+            task,
+            &upgraded,
+            plan,
+            change,
+            &scheduled.author,
+        )
+        .await?;
+        self.check_lease()?;
+        self.writer()
+            .write(
+                &task.id,
+                skillstate_store::LeasedWrite::Step {
+                    expected_version: task.version,
+                    commit: &commit,
+                },
+            )
+            .await?;
+        Ok(Some(self.store.task(&task.id).await?))
+    }
 }
 
 /// The journal step that records `upgraded`.

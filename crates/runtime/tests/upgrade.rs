@@ -1,10 +1,10 @@
 //! A task moved to another version of its skill, on a real SQLite file and on the local
-//! PostgreSQL server: refused while an action waits for approval (nothing changes), refused
-//! with pointers for a migration that breaks the new schema or changes a read-only value the
-//! task holds (nothing changes), a dry run that writes nothing, then the upgrade as a step of
-//! the journal; the task goes on under the new procedure and state shape, its whole journal
-//! replays with every hash, and a prompt from before and after the upgrade both rebuild
-//! byte-identical.
+//! PostgreSQL server: paused for approval, a migration that breaks the new schema is refused
+//! with pointers (nothing changes), a dry run writes nothing, and the upgrade with a migration
+//! that renames a field is scheduled; approved, the action runs once under the version that
+//! proposed it, the upgrade is the next step of the journal, and the task completes under the
+//! new procedure and state shape; its whole journal replays with every hash, and prompts from
+//! before and after the upgrade both rebuild byte-identical.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,15 +16,14 @@ use common::*;
 use serde_json::{Value, json};
 use skillstate_core::json::text_hash;
 use skillstate_core::skill::{Migration, SkillSettings, SkillVersion};
+use skillstate_core::validate::RejectionKind;
 use skillstate_core::{ContextStrategy, Skill, SkillDefinition};
 use skillstate_runtime::upgrade::{Upgrade, UpgradeError, upgrade_task};
 use skillstate_runtime::{
     NoProgress, Runner, TaskOptions, presented_tools, rebuild_prompt, start_task, verify_journal,
 };
 use skillstate_store::prelude::*;
-use skillstate_store::{
-    MessageKind, NewMessage, PostgresStore, SqliteStore, Synchronous, TaskStatus,
-};
+use skillstate_store::{PostgresStore, SqliteStore, Synchronous, TaskStatus};
 use skillstate_tools::{
     CallContext, Environment, EnvironmentError, SideEffect, Tool, ToolError, ToolOutput, ToolSpec,
 };
@@ -215,14 +214,9 @@ async fn a_task_moves_to_a_new_version_as_a_step_and_goes_on_under_it() {
             .id;
         let answers = vec![
             answer(json!({"notes": ["milk"]}), "file", json!({})),
+            // After the upgrade: the new shape.
             answer(
-                json!({"notes": ["milk", "eggs"]}),
-                "finish",
-                json!({"result": "filed"}),
-            ),
-            // After the upgrade, reopened by a message: the new shape.
-            answer(
-                json!([{"op": "add", "path": "/entries/-", "value": "bread"}]),
+                json!([{"op": "add", "path": "/entries/-", "value": "eggs"}]),
                 "finish",
                 json!({"result": "kept"}),
             ),
@@ -237,43 +231,24 @@ async fn a_task_moves_to_a_new_version_as_a_step_and_goes_on_under_it() {
         .await
         .unwrap();
         assert_eq!(paused.status, TaskStatus::AwaitingApproval, "{backend}");
-
-        let target = v2(rename());
-        let tools = presented_tools(&target, &env).unwrap();
-        let before = store.task(&task).await.unwrap();
-        // Paused on an action: settle it first; nothing changes.
-        let refused = upgrade_task(&store, &upgrade(&task, &target, &tools, true)).await;
-        assert!(
-            matches!(&refused, Err(UpgradeError::Pending { step: 1, .. })),
-            "{backend}: {refused:?}"
-        );
-        assert_eq!(store.task(&task).await.unwrap(), before, "{backend}");
-
-        let done = Runner::new(
-            store.clone(),
-            scripted(answers.clone()),
-            &mut env,
-            &mut NoProgress,
-        )
-        .approve(&task)
-        .await
-        .unwrap();
-        assert_eq!(done.status, TaskStatus::Completed, "{backend}");
         let before = store.task(&task).await.unwrap();
         let journal_before = store.journal(&task).await.unwrap();
 
-        // A migration that leaves the old field breaks the new schema; one that rewrites a
-        // read-only value the task holds is refused too. Each names its pointer; nothing
-        // changes.
+        let target = v2(rename());
+        let tools = presented_tools(&target, &env).unwrap();
+        // A migration that leaves the old field breaks the new schema: refused with its
+        // pointer, nothing changes.
         let breaking = v2(json!({"owner": "ops"}));
         match upgrade_task(&store, &upgrade(&task, &breaking, &tools, true)).await {
             Err(UpgradeError::Refused { rejections, .. }) => {
-                let pointers: Vec<&str> = rejections.iter().map(|r| r.pointer.as_str()).collect();
-                assert!(pointers.contains(&""), "{backend}: {rejections:?}");
                 assert!(
-                    rejections
-                        .iter()
-                        .any(|r| r.message.contains("notes") || r.message.contains("entries")),
+                    rejections.iter().any(|r| r.kind == RejectionKind::Schema),
+                    "{backend}: {rejections:?}"
+                );
+                assert!(
+                    rejections.iter().all(|r| r.pointer.is_empty()
+                        || r.pointer.starts_with("/notes")
+                        || r.pointer.starts_with("/entries")),
                     "{backend}: {rejections:?}"
                 );
             }
@@ -286,32 +261,57 @@ async fn a_task_moves_to_a_new_version_as_a_step_and_goes_on_under_it() {
         let planned = upgrade_task(&store, &upgrade(&task, &target, &tools, false))
             .await
             .unwrap();
-        assert!(!planned.applied);
-        assert_eq!(planned.step, 3);
+        assert!(!planned.applied && planned.scheduled);
+        assert_eq!(planned.step, 2);
         assert_eq!(planned.migrations, ["1.0.0"]);
         assert_eq!(store.task(&task).await.unwrap(), before, "{backend}");
 
-        let applied = upgrade_task(&store, &upgrade(&task, &target, &tools, true))
+        // Waiting for approval: scheduled, the action keeps the version that proposed it.
+        let scheduled = upgrade_task(&store, &upgrade(&task, &target, &tools, true))
             .await
             .unwrap();
-        assert!(applied.applied);
-        assert_eq!(applied.diff, planned.diff);
-        let upgraded = store.task(&task).await.unwrap();
-        assert_eq!(upgraded.version, 3);
-        assert_eq!(upgraded.skill, target.definition);
+        assert!(!scheduled.applied && scheduled.scheduled);
+        assert_eq!(scheduled.diff, planned.diff);
+        let waiting = store.task(&task).await.unwrap();
         assert_eq!(
-            upgraded.state,
+            (waiting.version, &waiting.state, &waiting.skill),
+            (before.version, &before.state, &before.skill)
+        );
+        assert!(waiting.upgrade_to.is_some());
+
+        // Approved: the action runs, then the upgrade is step 2, then the model goes on under
+        // the new procedure and shape.
+        let done = Runner::new(
+            store.clone(),
+            scripted(answers.clone()),
+            &mut env,
+            &mut NoProgress,
+        )
+        .approve(&task)
+        .await
+        .unwrap();
+        assert_eq!(done.status, TaskStatus::Completed, "{backend}");
+        let last = store.task(&task).await.unwrap();
+        assert_eq!(last.version, 3);
+        assert_eq!(last.skill, target.definition);
+        assert_eq!(last.upgrade_to, None);
+        assert_eq!(
+            last.state,
             json!({"entries": ["milk", "eggs"], "owner": "ops"})
         );
-        let step = store.journal(&task).await.unwrap().pop().unwrap();
-        assert_eq!(step.author.as_deref(), Some("operator"));
+        let journal = store.journal(&task).await.unwrap();
+        assert_eq!(journal[1].step, 2);
+        assert_eq!(journal[1].author.as_deref(), Some("operator"));
+        let intents = store.intents(&task).await.unwrap();
+        assert_eq!(intents.len(), 1, "the approved action ran once");
+        assert!(intents[0].done && intents[0].step == 1);
         let versions = store.task_versions(&task).await.unwrap();
         assert_eq!(
             versions
                 .iter()
                 .map(|v| (v.from_step, v.version.clone()))
                 .collect::<Vec<_>>(),
-            [(0, Some("1.0.0".into())), (3, Some("2.0.0".into()))],
+            [(0, Some("1.0.0".into())), (2, Some("2.0.0".into()))],
             "{backend}"
         );
         // The same version again is no upgrade.
@@ -320,41 +320,12 @@ async fn a_task_moves_to_a_new_version_as_a_step_and_goes_on_under_it() {
             Err(UpgradeError::Unchanged { .. })
         ));
 
-        // Reopened by a message, it goes on under the new procedure and shape.
-        store
-            .post_message(
-                &task,
-                &NewMessage {
-                    kind: MessageKind::Message,
-                    text: "add bread".into(),
-                    author: "key-1".into(),
-                },
-            )
-            .await
-            .unwrap();
-        let again = Runner::new(
-            store.clone(),
-            scripted(answers.clone()),
-            &mut env,
-            &mut NoProgress,
-        )
-        .run(&task)
-        .await
-        .unwrap();
-        assert_eq!(again.status, TaskStatus::Completed, "{backend}");
-        let last = store.task(&task).await.unwrap();
-        assert_eq!(last.version, 4);
-        assert_eq!(
-            last.state,
-            json!({"entries": ["milk", "eggs", "bread"], "owner": "ops"})
-        );
-
         // The whole journal replays, and prompts on both sides of the boundary rebuild
         // byte-identical, each with the procedure it was rendered from.
         let check = verify_journal(store.as_ref(), &last).await.unwrap();
         assert_eq!(check.mismatch, None, "{backend}");
-        assert_eq!(check.steps_checked, 4);
-        for (step, procedure) in [(1, "in notes, file them"), (4, "in entries")] {
+        assert_eq!(check.steps_checked, 3);
+        for (step, procedure) in [(1, "in notes, file them"), (3, "in entries")] {
             let (prompt, recorded) = rebuild_prompt(store.as_ref(), &last, step, 1)
                 .await
                 .unwrap();

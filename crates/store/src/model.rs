@@ -85,6 +85,16 @@ pub struct TaskRecord {
     /// The task's labels as given at creation (`TaskOwner::labels`, `QueuedTask::labels`; a
     /// fork carries its parent's); empty when it has none.
     pub labels: Map<String, Value>,
+    /// An upgrade asked for while the task waited on an action (`Tasks::schedule_upgrade`):
+    /// the runner applies it right after the action is settled.
+    pub upgrade_to: Option<ScheduledUpgrade>,
+}
+
+/// A skill version a task moves to once its waiting action is settled, and who asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduledUpgrade {
+    pub hash: String,
+    pub author: String,
 }
 
 /// What reading and writing a task's state needs of the task (`Tasks::task_state`): its state,

@@ -109,6 +109,17 @@ pub(crate) fn verified_spec(
     ))
 }
 
+/// `TaskRecord::upgrade_to` from its two columns.
+pub(crate) fn scheduled_upgrade(
+    hash: Option<String>,
+    author: Option<String>,
+) -> Option<ScheduledUpgrade> {
+    hash.map(|hash| ScheduledUpgrade {
+        hash,
+        author: author.unwrap_or_default(),
+    })
+}
+
 pub(crate) fn task_from_row<R: Row>(row: &R) -> Result<TaskRecord>
 where
     for<'c> &'c str: ColumnIndex<R>,
@@ -156,6 +167,11 @@ where
         env_checkpoint: decode_opt("environment checkpoint", row.try_get("env_checkpoint")?)?,
         // Came with schema 12.
         env_checkpoint_step: later_int_column(row, "env_checkpoint_step")?.map(|s| s.max(0) as u64),
+        // Came with schema 13.
+        upgrade_to: scheduled_upgrade(
+            later_text_column(row, "upgrade_to")?,
+            later_text_column(row, "upgrade_author")?,
+        ),
         status: parse_status(&status)?,
         state: decode("state", &row.try_get::<String, _>("state")?)?,
         version: row.try_get::<i64, _>("version")? as u64,

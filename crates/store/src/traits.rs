@@ -88,6 +88,15 @@ pub trait Tasks: Send + Sync {
     async fn skill_version(&self, hash: &str) -> Result<SkillChange>;
     /// Every stored skill version, by name and then age, with the tasks that run it now.
     async fn skill_versions(&self) -> Result<Vec<SkillVersionSummary>>;
+    /// Schedules `task`, still at `expected_version` (else `Conflict`), to move to `change`
+    /// once its waiting action is settled (`TaskRecord::upgrade_to`), or unschedules it
+    /// (`None`). The version is stored now.
+    async fn schedule_upgrade(
+        &self,
+        task: &str,
+        expected_version: u64,
+        change: Option<(&SkillChange, &str)>,
+    ) -> Result<()>;
 }
 
 /// The step journal of one task: writing steps, rejections and tool results, and reading them

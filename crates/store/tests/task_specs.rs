@@ -252,6 +252,7 @@ fn schema_six_tasks() -> Vec<TaskRecord> {
         updated_at: 1_700_000_005_000,
         tenant: Some("acme".into()),
         labels,
+        upgrade_to: None,
     };
     let (skill, tools) = small_skill();
     let plain = TaskRecord {
@@ -273,12 +274,14 @@ fn schema_six_tasks() -> Vec<TaskRecord> {
         updated_at: 1_700_000_001_000,
         tenant: None,
         labels: Map::new(),
+        upgrade_to: None,
     };
     let fork = TaskRecord {
         id: "01900000-0000-7000-8000-c00000000003".into(),
         parent: Some((owned.id.clone(), 0)),
         tenant: None,
         labels: Map::new(),
+        upgrade_to: None,
         outcome: None,
         status: TaskStatus::Running,
         created_at: 1_700_000_006_000,

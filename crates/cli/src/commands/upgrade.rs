@@ -146,7 +146,13 @@ fn moved_line(done: &Upgraded) -> String {
         format!("migrations {}", done.migrations.join(", "))
     };
     let changes = done.diff.as_array().map_or(0, Vec::len);
-    if done.applied {
+    if done.scheduled {
+        let when = if done.applied { "moved" } else { "moves" };
+        format!(
+            "{when} at step {} once its waiting action is settled (approve, reject or reply) ({migrations}; {changes} change(s))",
+            done.step
+        )
+    } else if done.applied {
         format!(
             "moved at step {} ({migrations}; {changes} change(s))",
             done.step
@@ -178,7 +184,12 @@ fn print_single(outcome: &Result<Upgraded>, apply: bool) {
 fn outcome_json(task: &TaskRecord, outcome: &Result<Upgraded>) -> serde_json::Value {
     match outcome {
         Ok(done) => {
-            serde_json::json!({"task": task.id, "outcome": if done.applied { "moved" } else { "planned" }, "upgrade": done})
+            let outcome = match (done.applied, done.scheduled) {
+                (true, _) => "moved",
+                (false, true) => "scheduled",
+                (false, false) => "planned",
+            };
+            serde_json::json!({"task": task.id, "outcome": outcome, "upgrade": done})
         }
         Err(error) => {
             serde_json::json!({"task": task.id, "outcome": "refused", "error": format!("{error:#}")})

@@ -27,6 +27,9 @@ DROP TRIGGER IF EXISTS tasks_spec_frozen ON tasks;
 DROP TRIGGER IF EXISTS tasks_spec_hash ON tasks;
 DROP FUNCTION IF EXISTS skillstate_record_spec_hash();
 ALTER TABLE tasks DROP COLUMN skill, DROP COLUMN tools;
+-- An upgrade asked for while the task waits on an action (approval, a reply): the version it
+-- moves to, and who asked, applied by the runner right after the action is settled.
+ALTER TABLE tasks ADD COLUMN upgrade_to TEXT COLLATE "C", ADD COLUMN upgrade_author TEXT;
 
 -- A version never changes: its hash is its content.
 CREATE FUNCTION skillstate_refuse_version_change() RETURNS trigger LANGUAGE plpgsql AS $$

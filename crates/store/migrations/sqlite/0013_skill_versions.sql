@@ -33,6 +33,10 @@ SELECT task_id, 0, spec_hash FROM task_specs;
 
 -- The version the task runs now (its latest row in task_versions).
 ALTER TABLE tasks ADD COLUMN spec_hash TEXT;
+-- An upgrade asked for while the task waits on an action (approval, a reply): the version it
+-- moves to, and who asked, applied by the runner right after the action is settled.
+ALTER TABLE tasks ADD COLUMN upgrade_to TEXT;
+ALTER TABLE tasks ADD COLUMN upgrade_author TEXT;
 UPDATE tasks SET spec_hash = (SELECT spec_hash FROM task_specs WHERE task_id = tasks.id);
 
 DROP TRIGGER IF EXISTS task_specs_frozen;
@@ -45,9 +49,24 @@ BEGIN
     SELECT RAISE(ABORT, 'a skill version never changes: store the new content as a version of its own');
 END;
 
--- Garbage collection: a version goes with the last task that ran it.
+-- Garbage collection: a version goes with the last task that ran it or waits to move to it.
 CREATE TRIGGER skill_versions_collected AFTER DELETE ON task_versions
 WHEN NOT EXISTS (SELECT 1 FROM task_versions WHERE spec_hash = old.spec_hash)
+ AND NOT EXISTS (SELECT 1 FROM tasks WHERE upgrade_to = old.spec_hash)
 BEGIN
     DELETE FROM skill_versions WHERE hash = old.spec_hash;
+END;
+CREATE TRIGGER skill_versions_unscheduled AFTER UPDATE OF upgrade_to ON tasks
+WHEN old.upgrade_to IS NOT NULL
+ AND NOT EXISTS (SELECT 1 FROM task_versions WHERE spec_hash = old.upgrade_to)
+ AND NOT EXISTS (SELECT 1 FROM tasks WHERE upgrade_to = old.upgrade_to)
+BEGIN
+    DELETE FROM skill_versions WHERE hash = old.upgrade_to;
+END;
+CREATE TRIGGER skill_versions_unscheduled_with_task AFTER DELETE ON tasks
+WHEN old.upgrade_to IS NOT NULL
+ AND NOT EXISTS (SELECT 1 FROM task_versions WHERE spec_hash = old.upgrade_to)
+ AND NOT EXISTS (SELECT 1 FROM tasks WHERE upgrade_to = old.upgrade_to)
+BEGIN
+    DELETE FROM skill_versions WHERE hash = old.upgrade_to;
 END;

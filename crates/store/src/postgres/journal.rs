@@ -221,7 +221,9 @@ impl PostgresStore {
             .bind(&spec.hash)
             .execute(&mut *tx)
             .await?;
-            sqlx::query("UPDATE tasks SET spec_hash = $1 WHERE id = $2")
+            sqlx::query(
+                "UPDATE tasks SET spec_hash = $1, upgrade_to = NULL, upgrade_author = NULL WHERE id = $2",
+            )
                 .bind(&spec.hash)
                 .bind(task)
                 .execute(&mut *tx)

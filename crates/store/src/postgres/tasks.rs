@@ -111,7 +111,8 @@ pub(super) async fn collect_version(conn: &mut sqlx::PgConnection, hash: &str) -
             .await?;
     if locked.is_some() {
         sqlx::query(
-            "DELETE FROM skill_versions WHERE hash = $1 AND NOT EXISTS (SELECT 1 FROM task_versions WHERE spec_hash = $1)",
+            "DELETE FROM skill_versions WHERE hash = $1 AND NOT EXISTS (SELECT 1 FROM task_versions WHERE spec_hash = $1) \
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE upgrade_to = $1)",
         )
         .bind(hash)
         .execute(&mut *conn)
@@ -337,8 +338,9 @@ impl Tasks for PostgresStore {
             .bind(task)
             .execute(&mut *tx)
             .await?;
-        let versions: Vec<String> =
-            sqlx::query_scalar("SELECT DISTINCT spec_hash FROM task_versions WHERE task_id = $1")
+        let versions: Vec<String> = sqlx::query_scalar(
+            "SELECT spec_hash FROM task_versions WHERE task_id = $1 UNION SELECT upgrade_to FROM tasks WHERE id = $1 AND upgrade_to IS NOT NULL",
+        )
                 .bind(task)
                 .fetch_all(&mut *tx)
                 .await?;
@@ -411,6 +413,48 @@ impl Tasks for PostgresStore {
                 },
             )
             .collect())
+    }
+
+    async fn schedule_upgrade(
+        &self,
+        task: &str,
+        expected_version: u64,
+        change: Option<(&SkillChange, &str)>,
+    ) -> Result<()> {
+        let spec =
+            change.map(|(change, author)| (SpecTexts::new(&change.skill, &change.tools), author));
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        if let Some((spec, _)) = &spec {
+            store_versions(&mut tx, std::slice::from_ref(spec), now).await?;
+        }
+        let before: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT upgrade_to FROM tasks WHERE id = $1 AND version = $2 FOR UPDATE",
+        )
+        .bind(task)
+        .bind(expected_version as i64)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(before) = before else {
+            tx.rollback().await?;
+            let actual = self.current_version(task).await?;
+            return Err(StoreError::Conflict {
+                task: task.to_owned(),
+                expected: expected_version,
+                actual,
+            });
+        };
+        sqlx::query("UPDATE tasks SET upgrade_to = $1, upgrade_author = $2 WHERE id = $3")
+            .bind(spec.as_ref().map(|(spec, _)| spec.hash.clone()))
+            .bind(spec.as_ref().map(|(_, author)| (*author).to_owned()))
+            .bind(task)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(hash) = before {
+            collect_version(&mut tx, &hash).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn storage_stats(&self, task: &str) -> Result<StorageStats> {

@@ -274,7 +274,9 @@ impl Step {
                 "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES (?, ?, ?)",
             )?
             .execute(params![self.task, next, spec.hash])?;
-            conn.prepare_cached("UPDATE tasks SET spec_hash = ? WHERE id = ?")?
+            conn.prepare_cached(
+                "UPDATE tasks SET spec_hash = ?, upgrade_to = NULL, upgrade_author = NULL WHERE id = ?",
+            )?
                 .execute(params![spec.hash, self.task])?;
         }
         if let Some((tool, args, key, side_effect)) = &self.intent {

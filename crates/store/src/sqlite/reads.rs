@@ -363,7 +363,7 @@ fn is_full_id(id: &str) -> bool {
 /// The columns of `RawTask::of`, in its order.
 macro_rules! task_columns {
     () => {
-        "t.id, t.context, t.context_budget, t.model, t.environment, t.env_checkpoint, t.status, t.state, t.version, t.outcome, t.parent_task, t.parent_step, t.created_at, t.updated_at, t.tenant, t.labels, t.env_checkpoint_step"
+        "t.id, t.context, t.context_budget, t.model, t.environment, t.env_checkpoint, t.status, t.state, t.version, t.outcome, t.parent_task, t.parent_step, t.created_at, t.updated_at, t.tenant, t.labels, t.env_checkpoint_step, t.upgrade_to, t.upgrade_author"
     };
 }
 
@@ -375,7 +375,7 @@ const TASK: &str = concat!(
 );
 /// A skill version's skill and tools by its hash.
 const VERSION: &str = "SELECT skill, tools FROM skill_versions WHERE hash = ?";
-const SPEC_AT: usize = 17;
+const SPEC_AT: usize = 19;
 
 /// A task row as text, decoded after the connection is given back.
 struct RawTask {
@@ -396,6 +396,8 @@ struct RawTask {
     tenant: Option<String>,
     labels: Option<String>,
     env_checkpoint_step: Option<i64>,
+    upgrade_to: Option<String>,
+    upgrade_author: Option<String>,
 }
 
 impl RawTask {
@@ -419,6 +421,8 @@ impl RawTask {
             tenant: row.get(14)?,
             labels: row.get(15)?,
             env_checkpoint_step: row.get(16)?,
+            upgrade_to: row.get(17)?,
+            upgrade_author: row.get(18)?,
         })
     }
 
@@ -446,6 +450,7 @@ impl RawTask {
             environment: decode_opt("environment", self.environment)?,
             env_checkpoint: decode_opt("environment checkpoint", self.env_checkpoint)?,
             env_checkpoint_step: self.env_checkpoint_step.map(|s| s.max(0) as u64),
+            upgrade_to: crate::rows::scheduled_upgrade(self.upgrade_to, self.upgrade_author),
             status: parse_status(&self.status)?,
             state: decode("state", &self.state)?,
             version: self.version as u64,

@@ -11,6 +11,7 @@ use super::ops::Write;
 use super::ops_tasks::{CREATED_EVENT, NewTasks, TaskRow};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
+use crate::spec_texts::SpecTexts;
 use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
 
 #[async_trait]
@@ -285,6 +286,53 @@ impl Tasks for SqliteStore {
                 },
             )
             .collect())
+    }
+
+    async fn schedule_upgrade(
+        &self,
+        task: &str,
+        expected_version: u64,
+        change: Option<(&SkillChange, &str)>,
+    ) -> Result<()> {
+        let spec =
+            change.map(|(change, author)| (SpecTexts::new(&change.skill, &change.tools), author));
+        let now = now_millis();
+        let mut conn = self.write_conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        if let Some((spec, _)) = &spec {
+            sqlx::query(
+                "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+            )
+            .bind(&spec.hash)
+            .bind(&spec.name)
+            .bind(&spec.version)
+            .bind(&spec.skill)
+            .bind(&spec.tools)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let updated = sqlx::query(
+            "UPDATE tasks SET upgrade_to = ?, upgrade_author = ? WHERE id = ? AND version = ?",
+        )
+        .bind(spec.as_ref().map(|(spec, _)| spec.hash.clone()))
+        .bind(spec.as_ref().map(|(_, author)| (*author).to_owned()))
+        .bind(task)
+        .bind(expected_version as i64)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            drop(tx);
+            drop(conn);
+            let actual = self.current_version(task).await?;
+            return Err(StoreError::Conflict {
+                task: task.to_owned(),
+                expected: expected_version,
+                actual,
+            });
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn storage_stats(&self, task: &str) -> Result<StorageStats> {
