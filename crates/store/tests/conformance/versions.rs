@@ -28,8 +28,10 @@ pub(super) async fn back_to_schema_12(db: &Db) -> anyhow::Result<()> {
                  skill TEXT NOT NULL, tools TEXT NOT NULL, spec_hash TEXT); \
              INSERT INTO task_specs SELECT t.id, v.skill, v.tools, v.hash FROM tasks t JOIN skill_versions v ON v.hash = t.spec_hash; \
              DROP TRIGGER skill_versions_collected; DROP TRIGGER skill_versions_frozen; \
+             DROP TRIGGER skill_versions_unscheduled; DROP TRIGGER skill_versions_unscheduled_with_task; \
              DROP TABLE task_versions; DROP TABLE skill_versions; \
              ALTER TABLE tasks DROP COLUMN spec_hash; \
+             ALTER TABLE tasks DROP COLUMN upgrade_to; ALTER TABLE tasks DROP COLUMN upgrade_author; \
              DELETE FROM schema_migrations WHERE version >= 13"
         }
         Backend::Postgres => {
@@ -37,6 +39,7 @@ pub(super) async fn back_to_schema_12(db: &Db) -> anyhow::Result<()> {
              UPDATE tasks t SET skill = v.skill, tools = v.tools FROM skill_versions v WHERE v.hash = t.spec_hash; \
              DROP TABLE task_versions; DROP TABLE skill_versions; \
              DROP FUNCTION skillstate_refuse_version_change(); \
+             ALTER TABLE tasks DROP COLUMN upgrade_to, DROP COLUMN upgrade_author; \
              DELETE FROM schema_migrations WHERE version >= 13"
         }
     };
