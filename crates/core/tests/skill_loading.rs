@@ -268,3 +268,108 @@ fn not_a_directory() {
     let error = only_error(&tmp.path().join("nowhere"));
     assert!(error.message.contains("not a directory"), "{error}");
 }
+
+/// Writes `skill.toml` with `version` first, and `migrations/` with `files`.
+fn versioned(tmp: &Path, version: Option<&str>, files: &[(&str, &str)]) -> PathBuf {
+    let dir = copy_skill(tmp, "warehouse");
+    if let Some(version) = version {
+        let settings = fs::read_to_string(dir.join("skill.toml")).unwrap();
+        fs::write(
+            dir.join("skill.toml"),
+            format!("version = \"{version}\"\n{settings}"),
+        )
+        .unwrap();
+    }
+    let migrations = dir.join("migrations");
+    fs::create_dir_all(&migrations).unwrap();
+    for (name, text) in files {
+        fs::write(migrations.join(name), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn migrations_load_in_version_order_as_part_of_the_skill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = versioned(
+        tmp.path(),
+        Some("2.0.0"),
+        &[
+            ("1.10.0.json", r#"{"inventory": {}}"#),
+            (
+                "1.2.0.json",
+                r#"[{"op": "add", "path": "/note", "value": 1}]"#,
+            ),
+        ],
+    );
+    let skill = Skill::load(&dir).unwrap().skill;
+    assert_eq!(
+        skill.settings().version.as_ref().map(ToString::to_string),
+        Some("2.0.0".into())
+    );
+    let order: Vec<String> = skill
+        .definition
+        .migrations
+        .iter()
+        .map(|m| m.from.to_string())
+        .collect();
+    assert_eq!(order, ["1.2.0", "1.10.0"]);
+}
+
+#[test]
+fn each_bad_migration_is_named_with_its_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = versioned(
+        tmp.path(),
+        Some("2.0.0"),
+        &[
+            ("notes.txt", "hello"),
+            ("v1.json", "{}"),
+            ("2.0.0.json", "{}"),
+            ("1.0.0.json", r#"[{"op": "jump", "path": "/x"}]"#),
+            ("1.1.0.json", r#"{"a": 1, "a": 2}"#),
+        ],
+    );
+    let errors = errors_of(&dir);
+    let named = |file: &str| {
+        errors
+            .iter()
+            .find(|p| p.file.ends_with(format!("migrations/{file}")))
+            .unwrap_or_else(|| panic!("no error for {file}: {errors:#?}"))
+    };
+    assert!(
+        named("notes.txt")
+            .message
+            .contains("name each by the version")
+    );
+    assert!(named("v1.json").message.contains("not a semantic version"));
+    assert!(
+        named("2.0.0.json")
+            .message
+            .contains("not older than the skill's version 2.0.0")
+    );
+    let shape = named("1.0.0.json");
+    assert_eq!(
+        shape.location,
+        Some(Location::Pointer("/0".into())),
+        "{shape:?}"
+    );
+    assert!(shape.message.contains("jump"), "{shape:?}");
+    assert!(named("1.1.0.json").message.contains("invalid JSON"));
+    assert_eq!(errors.len(), 5, "{errors:#?}");
+
+    // Migrations need the skill's own version.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = versioned(tmp.path(), None, &[("1.0.0.json", "{}")]);
+    assert!(
+        only_error(&dir)
+            .message
+            .contains("needs its own `version` in skill.toml")
+    );
+    // And a version that is not semantic is an error of skill.toml.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = versioned(tmp.path(), Some("two"), &[]);
+    let error = only_error(&dir);
+    assert!(error.file.ends_with("skill.toml"), "{error:?}");
+    assert!(error.message.contains("not a semantic version"), "{error}");
+}
