@@ -304,22 +304,10 @@ async fn prepare(
             current: task.version,
         });
     }
-    // A pending intent at the current step appears only with a step (a new version), so the
-    // version check of the commit covers one appearing after this read.
-    if let Some(intent) = store
-        .intents(&task.id)
-        .await?
-        .into_iter()
-        .find(|i| i.step == task.version && !i.done)
-    {
-        let what = match task.status {
-            skillstate_store::TaskStatus::AwaitingApproval => "waiting for approval",
-            skillstate_store::TaskStatus::AwaitingInput => "waiting for a reply",
-            _ => "in flight",
-        };
+    if let Some((step, what)) = pending_action(store, &task.id, task.version, task.status).await? {
         return Err(StateWriteError::Pending {
             task: task.id.clone(),
-            step: intent.step,
+            step,
             what,
         });
     }
@@ -340,43 +328,105 @@ async fn prepare(
         }
     };
     let accepted = outcome.map_err(|rejections| StateWriteError::Rejected { rejections })?;
-    let step = task.version + 1;
-    // The observation the next model step would have read, plus a note; it opens the step
-    // after this one.
-    let carried = store.observation(&task.id, step).await?.unwrap_or_default();
-    let next_observation = if carried.ends_with(CHANGED_NOTE) {
-        carried
-    } else {
-        format!("{carried}\n\n{CHANGED_NOTE}")
-    };
-    Ok(Prepared {
-        commit: StepCommit {
-            entry: JournalEntry {
-                step,
-                attempt: 1,
-                verdict: Verdict::Accepted,
-                output: write.patch.to_string(),
-                patch: Some(accepted.patch.to_value()),
-                action: None,
-                errors: None,
-                state_hash: Some(accepted.state_hash.clone()),
-                prompt_tokens: 0,
-                output_tokens: None,
-                prompt_hash: String::new(),
-                usage: None,
-                latency_ms: 0,
-                created_at: now_millis(),
-                author: Some(write.author.to_owned()),
-                board_version: None,
-            },
+    let commit = authored_step(
+        store,
+        &task.id,
+        task.version + 1,
+        AuthoredStep {
+            output: write.patch.to_string(),
+            patch: accepted.patch.to_value(),
+            state_hash: accepted.state_hash.clone(),
             new_state: accepted.new_state,
-            intent: None,
-            status: None,
-            previous_result: None,
-            next_observation: Some(next_observation),
-            world: None,
-            upgrade: None,
+            author: write.author,
+            note: CHANGED_NOTE,
         },
+    )
+    .await?;
+    Ok(Prepared { commit })
+}
+
+/// The step of a task's action that is still in flight or waits for a human, with what it
+/// waits for; `None` when no action is pending at `version`. A pending intent at the current
+/// step appears only with a step (a new version), so a commit's version check covers one
+/// appearing after this read.
+pub(crate) async fn pending_action(
+    store: &dyn Store,
+    task: &str,
+    version: u64,
+    status: skillstate_store::TaskStatus,
+) -> Result<Option<(u64, &'static str)>, StoreError> {
+    let pending = store
+        .intents(task)
+        .await?
+        .into_iter()
+        .find(|i| i.step == version && !i.done);
+    Ok(pending.map(|intent| {
+        let what = match status {
+            skillstate_store::TaskStatus::AwaitingApproval => "waiting for approval",
+            skillstate_store::TaskStatus::AwaitingInput => "waiting for a reply",
+            _ => "in flight",
+        };
+        (intent.step, what)
+    }))
+}
+
+/// A step someone other than the model writes (a state write, an upgrade): what it records.
+pub(crate) struct AuthoredStep<'a> {
+    /// The journal row's output: what was asked for, as text.
+    pub(crate) output: String,
+    pub(crate) patch: Value,
+    pub(crate) state_hash: String,
+    pub(crate) new_state: Value,
+    /// Who wrote it (an API key id, `operator`).
+    pub(crate) author: &'a str,
+    /// Added to the observation the task's next step would have read; it opens the step after
+    /// this one.
+    pub(crate) note: &'a str,
+}
+
+/// The commit of `written` as step `step` of `task`: an accepted journal row with its author
+/// and no prompt, the observation the next model step would have read carried over to the
+/// step after it with the note added (once).
+pub(crate) async fn authored_step(
+    store: &dyn Store,
+    task: &str,
+    step: u64,
+    written: AuthoredStep<'_>,
+) -> Result<StepCommit, StoreError> {
+    let carried = store.observation(task, step).await?.unwrap_or_default();
+    let next_observation = if carried.ends_with(written.note) {
+        carried
+    } else if carried.is_empty() {
+        written.note.to_owned()
+    } else {
+        format!("{carried}\n\n{}", written.note)
+    };
+    Ok(StepCommit {
+        entry: JournalEntry {
+            step,
+            attempt: 1,
+            verdict: Verdict::Accepted,
+            output: written.output,
+            patch: Some(written.patch),
+            action: None,
+            errors: None,
+            state_hash: Some(written.state_hash),
+            prompt_tokens: 0,
+            output_tokens: None,
+            prompt_hash: String::new(),
+            usage: None,
+            latency_ms: 0,
+            created_at: now_millis(),
+            author: Some(written.author.to_owned()),
+            board_version: None,
+        },
+        new_state: written.new_state,
+        intent: None,
+        status: None,
+        previous_result: None,
+        next_observation: Some(next_observation),
+        world: None,
+        upgrade: None,
     })
 }
 

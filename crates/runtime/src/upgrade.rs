@@ -27,11 +27,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use skillstate_core::upgrade::{UpgradePlan, plan_upgrade};
 use skillstate_core::{Rejection, Skill, ToolSpec};
-use skillstate_store::{
-    JournalEntry, SkillChange, StepCommit, Store, StoreError, TaskRecord, TaskStatus, Verdict,
-};
+use skillstate_store::{SkillChange, StepCommit, Store, StoreError, TaskRecord, TaskStatus};
 
-use crate::step_loop::now_millis;
+use crate::state_write::{AuthoredStep, authored_step, pending_action};
 
 /// One upgrade: `task` to `to` (its skill compiled, and the tools as its tasks present them).
 pub struct Upgrade<'a> {
@@ -174,7 +172,9 @@ pub async fn upgrade_task(
         applied: false,
         scheduled: false,
     };
-    if let Some((step, what)) = pending_action(store.as_ref(), &task).await? {
+    if let Some((step, what)) =
+        pending_action(store.as_ref(), &task.id, task.version, task.status).await?
+    {
         if !matches!(
             task.status,
             TaskStatus::AwaitingApproval | TaskStatus::AwaitingInput
@@ -236,27 +236,6 @@ pub async fn upgrade_task(
     }
 }
 
-/// The step of a task's action that is still in flight or waits for a human, if any. One
-/// appearing after this read comes with a step, which the commit's version check catches.
-async fn pending_action(
-    store: &dyn Store,
-    task: &TaskRecord,
-) -> Result<Option<(u64, &'static str)>, StoreError> {
-    let pending = store
-        .intents(&task.id)
-        .await?
-        .into_iter()
-        .find(|i| i.step == task.version && !i.done);
-    Ok(pending.map(|intent| {
-        let what = match task.status {
-            TaskStatus::AwaitingApproval => "waiting for approval",
-            TaskStatus::AwaitingInput => "waiting for a reply",
-            _ => "in flight",
-        };
-        (intent.step, what)
-    }))
-}
-
 impl crate::step_loop::Runner<'_> {
     /// Commits the upgrade scheduled for `task` while it waited on an action, once that action
     /// is settled (no intent pending), under the runner's lease, before the next model call.
@@ -270,7 +249,10 @@ impl crate::step_loop::Runner<'_> {
         let Some(scheduled) = task.upgrade_to.clone() else {
             return Ok(None);
         };
-        if pending_action(self.store.as_ref(), task).await?.is_some() {
+        if pending_action(self.store.as_ref(), &task.id, task.version, task.status)
+            .await?
+            .is_some()
+        {
             return Ok(None);
         }
         let change = self.store.skill_version(&scheduled.hash).await?;
@@ -339,14 +321,6 @@ async fn upgrade_step(
     change: SkillChange,
     author: &str,
 ) -> Result<StepCommit, StoreError> {
-    let step = upgraded.step;
-    let carried = store.observation(&task.id, step).await?.unwrap_or_default();
-    let note = upgraded_note(&upgraded.from, &upgraded.to);
-    let next_observation = if carried.is_empty() {
-        note
-    } else {
-        format!("{carried}\n\n{note}")
-    };
     let output = json!({
         "upgrade": {
             "from": upgraded.from,
@@ -354,33 +328,23 @@ async fn upgrade_step(
             "migrations": upgraded.migrations,
         }
     });
-    Ok(StepCommit {
-        entry: JournalEntry {
-            step,
-            attempt: 1,
-            verdict: Verdict::Accepted,
+    let note = upgraded_note(&upgraded.from, &upgraded.to);
+    let mut commit = authored_step(
+        store,
+        &task.id,
+        upgraded.step,
+        AuthoredStep {
             output: output.to_string(),
-            patch: Some(plan.patch),
-            action: None,
-            errors: None,
-            state_hash: Some(plan.state_hash),
-            prompt_tokens: 0,
-            output_tokens: None,
-            prompt_hash: String::new(),
-            usage: None,
-            latency_ms: 0,
-            created_at: now_millis(),
-            author: Some(author.to_owned()),
-            board_version: None,
+            patch: plan.patch,
+            state_hash: plan.state_hash,
+            new_state: plan.new_state,
+            author,
+            note: &note,
         },
-        new_state: plan.new_state,
-        intent: None,
-        status: None,
-        previous_result: None,
-        next_observation: Some(next_observation),
-        world: None,
-        upgrade: Some(change),
-    })
+    )
+    .await?;
+    commit.upgrade = Some(change);
+    Ok(commit)
 }
 
 /// How reports name the version of `skill` and `tools`.
