@@ -585,7 +585,9 @@ async fn sigterm_drains_a_worker_and_another_finishes_its_tasks() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ledger = dir.join("ledger.tsv");
-    let SubmittedBatch { config, db, batch } = submit_warehouse_batch(dir, 120, 3, &ledger);
+    let SubmittedBatch {
+        config, db, batch, ..
+    } = submit_warehouse_batch(dir, 120, 3, &ledger);
     let store = skillstate_store::open_existing(&db, &Default::default())
         .await
         .unwrap();
@@ -693,7 +695,9 @@ async fn batch_stop_keeps_tasks_queued_until_batch_reopen() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ledger = dir.join("ledger.tsv");
-    let SubmittedBatch { config, db, batch } = submit_warehouse_batch(dir, 4, 3, &ledger);
+    let SubmittedBatch {
+        config, db, batch, ..
+    } = submit_warehouse_batch(dir, 4, 3, &ledger);
     let prefix = &batch[..13];
 
     let stop = cli(

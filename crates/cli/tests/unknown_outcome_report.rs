@@ -18,7 +18,9 @@ async fn an_action_a_crash_left_unknown_is_its_own_figure_in_batch_report() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ledger = dir.join("ledger.tsv");
-    let SubmittedBatch { config, db, batch } = submit_warehouse_batch(dir, 1, 4, &ledger);
+    let SubmittedBatch {
+        config, db, batch, ..
+    } = submit_warehouse_batch(dir, 1, 4, &ledger);
 
     // Killed right after committing step 2, before its (effectful) action's result is stored.
     let mut killed = spawn_worker(

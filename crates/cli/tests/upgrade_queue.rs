@@ -46,24 +46,8 @@ fn second_version(skill: &Path, root: &Path) -> std::path::PathBuf {
 
 async fn upgrade_while_a_worker_runs(root: &Path, db: &str) {
     let ledger = root.join("ledger.tsv");
-    let (skill, inputs) = warehouse_batch(root, TASKS, EVENTS, &ledger);
-    let config = root.join("skillstate.toml");
-    std::fs::write(&config, "").unwrap();
-    std::fs::write(
-        root.join("batch.yaml"),
-        format!(
-            "skill: {}\nmodel: oracle\ninputs: {}\n",
-            skill.display(),
-            inputs.display()
-        ),
-    )
-    .unwrap();
-    let submit = cli(
-        root,
-        &config,
-        &["--db", db, "batch", "submit", "batch.yaml"],
-    );
-    expect_exit(&submit, 0, "batch submit");
+    let SubmittedBatch { config, skill, .. } =
+        submit_warehouse_batch_to(root, db, TASKS, EVENTS, &ledger);
     let target = second_version(&skill, root);
 
     let log = root.join("worker.log");

@@ -43,3 +43,47 @@ pub fn spec_hash_of(
 ) -> String {
     SpecTexts::new(skill, tools).hash
 }
+
+/// A `task_versions` row joined with its version: from step, hash, skill.toml version.
+pub(crate) type TaskVersionRow = (i64, String, Option<String>);
+
+/// A listed version: hash, name, version, created at, tasks on it, tasks that ran it, bytes.
+pub(crate) type VersionSummaryRow = (String, String, Option<String>, i64, i64, i64, i64);
+
+pub(crate) fn task_version((from_step, hash, version): TaskVersionRow) -> crate::TaskVersion {
+    crate::TaskVersion {
+        from_step: from_step.max(0) as u64,
+        hash,
+        version,
+    }
+}
+
+pub(crate) fn version_summary(
+    (hash, name, version, created_at, tasks, ran, bytes): VersionSummaryRow,
+) -> crate::SkillVersionSummary {
+    crate::SkillVersionSummary {
+        hash,
+        name,
+        version,
+        created_at,
+        tasks: tasks.max(0) as u64,
+        former_tasks: (ran - tasks).max(0) as u64,
+        bytes: bytes.max(0) as u64,
+    }
+}
+
+/// The version stored under `hash` from its texts (`None`: not stored), checked against it.
+pub(crate) fn stored_version(
+    hash: &str,
+    texts: Option<(String, String)>,
+) -> crate::Result<crate::SkillChange> {
+    let (skill, tools) =
+        texts.ok_or_else(|| crate::StoreError::NotFound(format!("skill version {hash}")))?;
+    let (skill, tools) = crate::rows::verified_spec(
+        &format!("skill version {hash}"),
+        &skill,
+        &tools,
+        Some(Some(hash)),
+    )?;
+    Ok(crate::SkillChange { skill, tools })
+}

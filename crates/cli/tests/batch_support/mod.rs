@@ -94,11 +94,25 @@ pub struct SubmittedBatch {
     pub config: PathBuf,
     pub db: String,
     pub batch: String,
+    /// The skill directory the batch runs.
+    pub skill: PathBuf,
 }
 
 /// Writes a warehouse batch file in `root` and submits it (see [`SubmittedBatch`]).
 pub fn submit_warehouse_batch(
     root: &Path,
+    tasks: usize,
+    events: u32,
+    ledger: &Path,
+) -> SubmittedBatch {
+    let db = root.join("queue.db").display().to_string();
+    submit_warehouse_batch_to(root, &db, tasks, events, ledger)
+}
+
+/// [`submit_warehouse_batch`] into the database `db` (a SQLite path or a PostgreSQL URL).
+pub fn submit_warehouse_batch_to(
+    root: &Path,
+    db: &str,
     tasks: usize,
     events: u32,
     ledger: &Path,
@@ -115,15 +129,19 @@ pub fn submit_warehouse_batch(
         ),
     )
     .unwrap();
-    let db = root.join("queue.db").display().to_string();
     let submit = cli(
         root,
         &config,
-        &["--db", &db, "batch", "submit", "batch.yaml"],
+        &["--db", db, "batch", "submit", "batch.yaml"],
     );
     expect_exit(&submit, 0, "batch submit");
     let batch = text(&submit.stdout).trim().to_owned();
-    SubmittedBatch { config, db, batch }
+    SubmittedBatch {
+        config,
+        db: db.to_owned(),
+        batch,
+        skill,
+    }
 }
 
 /// The idempotency keys of the ledger's lines, in order.

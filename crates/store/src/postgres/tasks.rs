@@ -10,7 +10,9 @@ use super::{PostgresStore, TASK_BY_ID};
 use crate::model::*;
 use crate::rows::{summary_from_row, task_from_row, to_json};
 use crate::service::TaskOwner;
-use crate::spec_texts::SpecTexts;
+use crate::spec_texts::{
+    SpecTexts, TaskVersionRow, VersionSummaryRow, stored_version, task_version, version_summary,
+};
 use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
 
 /// Writes the task `id` at version 0 (owned by `owner` when given) with its snapshot, opening
@@ -356,7 +358,7 @@ impl Tasks for PostgresStore {
     }
 
     async fn task_versions(&self, task: &str) -> Result<Vec<TaskVersion>> {
-        let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        let rows: Vec<TaskVersionRow> = sqlx::query_as(
             "SELECT tv.from_step, tv.spec_hash, v.version FROM task_versions tv JOIN skill_versions v ON v.hash = tv.spec_hash WHERE tv.task_id = $1 ORDER BY tv.from_step",
         )
         .bind(task)
@@ -366,14 +368,7 @@ impl Tasks for PostgresStore {
             // A task names at least the version it was created with.
             self.current_version(task).await?;
         }
-        Ok(rows
-            .into_iter()
-            .map(|(from_step, hash, version)| TaskVersion {
-                from_step: from_step.max(0) as u64,
-                hash,
-                version,
-            })
-            .collect())
+        Ok(rows.into_iter().map(task_version).collect())
     }
 
     async fn skill_version(&self, hash: &str) -> Result<SkillChange> {
@@ -382,37 +377,16 @@ impl Tasks for PostgresStore {
                 .bind(hash)
                 .fetch_optional(&self.pool)
                 .await?;
-        let (skill, tools) =
-            texts.ok_or_else(|| StoreError::NotFound(format!("skill version {hash}")))?;
-        let (skill, tools) = crate::rows::verified_spec(
-            &format!("skill version {hash}"),
-            &skill,
-            &tools,
-            Some(Some(hash)),
-        )?;
-        Ok(SkillChange { skill, tools })
+        stored_version(hash, texts)
     }
 
     async fn skill_versions(&self) -> Result<Vec<SkillVersionSummary>> {
-        let rows: Vec<(String, String, Option<String>, i64, i64, i64, i64)> = sqlx::query_as(
+        let rows: Vec<VersionSummaryRow> = sqlx::query_as(
             "SELECT v.hash, v.name, v.version, v.created_at, (SELECT COUNT(*) FROM tasks t WHERE t.spec_hash = v.hash) AS tasks, (SELECT COUNT(DISTINCT tv.task_id) FROM task_versions tv WHERE tv.spec_hash = v.hash) AS ran, CAST(octet_length(v.skill) + octet_length(v.tools) AS BIGINT) AS bytes FROM skill_versions v ORDER BY v.name, v.created_at, v.hash",
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(hash, name, version, created_at, tasks, ran, bytes)| SkillVersionSummary {
-                    hash,
-                    name,
-                    version,
-                    created_at,
-                    tasks: tasks.max(0) as u64,
-                    former_tasks: (ran - tasks).max(0) as u64,
-                    bytes: bytes.max(0) as u64,
-                },
-            )
-            .collect())
+        Ok(rows.into_iter().map(version_summary).collect())
     }
 
     async fn schedule_upgrade(

@@ -97,6 +97,9 @@ pub struct SqliteStore {
     _temp: Option<TempDb>,
 }
 
+/// Stores a skill version (hash, name, version, skill, tools, created at) unless it is stored.
+pub(super) const INSERT_VERSION: &str = "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING";
+
 /// A task by its id (`?`), as `rows::task_from_row` decodes it: every column of `tasks` (`tenant`
 /// came with schema 5, and read-only opens read older schemas too: `rows::later_text_column`)
 /// and the skill and tools of the version it runs (`skill_versions`, schema 13; migration 13

@@ -266,10 +266,15 @@ impl Step {
         }
         self.entry.insert(conn, &self.task)?;
         if let Some(spec) = &self.upgrade {
-            conn.prepare_cached(
-                "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-            )?
-            .execute(params![spec.hash, spec.name, spec.version, spec.skill, spec.tools, self.now])?;
+            conn.prepare_cached(super::INSERT_VERSION)?
+                .execute(params![
+                    spec.hash,
+                    spec.name,
+                    spec.version,
+                    spec.skill,
+                    spec.tools,
+                    self.now
+                ])?;
             conn.prepare_cached(
                 "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES (?, ?, ?)",
             )?

@@ -139,9 +139,7 @@ pub(super) fn insert_tasks(
             "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key, spec_hash) \
              VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
         )?;
-    let mut version = conn.prepare_cached(
-        "INSERT INTO skill_versions (hash, name, version, skill, tools, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-    )?;
+    let mut version = conn.prepare_cached(super::INSERT_VERSION)?;
     let mut runs = conn.prepare_cached(
         "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES (?, 0, ?)",
     )?;
