@@ -2,8 +2,13 @@
 //!
 //! ```text
 //! cargo bench -p skillstate-bench --bench queue -- [--tasks 10000] [--steps 20]
-//!     [--concurrency 64] [--processes 1] [--db FILE | postgres://…]
+//!     [--concurrency 64] [--processes 1] [--db FILE | postgres://…] [--wire] [--delay-ms N]
 //! ```
+//! With `--wire` (PostgreSQL only) the workers reach the server through a loopback proxy that
+//! counts round trips as the wire sees them (client turns: statements, pipelines, pings), and
+//! the figures add `wire_round_trips_per_step`; `--delay-ms N` makes the proxy hold every chunk
+//! N ms each way, as a server on another machine would (queueing the tasks does not go through
+//! it).
 //! Under `cargo test` (no `--bench` argument) it runs 20 tasks of 3 steps, as a smoke test.
 //! Without `--db` a fresh SQLite file (synchronous = FULL) in a temporary directory is used.
 //! With `--processes N > 1` the tasks are run by N worker processes (this program re-run with
@@ -21,6 +26,8 @@ struct Args {
     db: Option<String>,
     join: Option<String>,
     bench: bool,
+    wire: bool,
+    delay_ms: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -32,6 +39,8 @@ fn parse() -> Result<Args, String> {
         db: None,
         join: None,
         bench: false,
+        wire: false,
+        delay_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,6 +58,11 @@ fn parse() -> Result<Args, String> {
             "--processes" => args.processes = number(value()?)?.max(1),
             "--db" => args.db = Some(value()?),
             "--join" => args.join = Some(value()?),
+            "--wire" => args.wire = true,
+            "--delay-ms" => {
+                args.delay_ms = number(value()?)? as u64;
+                args.wire = true;
+            }
             // `cargo bench` passes --bench; `cargo test` does not and gets a smoke run.
             "--bench" => args.bench = true,
             other => return Err(format!("unknown argument `{other}`")),
@@ -91,10 +105,44 @@ fn run() -> Result<(), String> {
             );
             return Ok(());
         }
+        // The workers' way to the database: through the counting proxy with --wire.
+        let proxy = if args.wire {
+            let placeholder = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let (_, upstream) = skillstate_bench::wire::through_proxy(&location, placeholder)
+                .ok_or_else(|| {
+                    format!("--wire counts PostgreSQL round trips: give --db postgres://HOST:PORT/…, not `{location}`")
+                })?;
+            let upstream = tokio::net::lookup_host(&upstream)
+                .await
+                .map_err(|e| format!("--wire: cannot resolve {upstream}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("--wire: {upstream} resolves to no address"))?;
+            let delay = std::time::Duration::from_millis(args.delay_ms);
+            Some(
+                skillstate_bench::wire::WireProxy::start(upstream, delay)
+                    .await
+                    .map_err(|e| format!("--wire: cannot start the proxy: {e}"))?,
+            )
+        } else {
+            None
+        };
+        let worker_location = match &proxy {
+            Some(proxy) => skillstate_bench::wire::through_proxy(&location, proxy.addr())
+                .map(|(url, _)| url)
+                .unwrap_or_else(|| location.clone()),
+            None => location.clone(),
+        };
+        let worker_store = if proxy.is_some() {
+            skillstate_store::open(&worker_location)
+                .await
+                .map_err(|e| e.to_string())?
+        } else {
+            Arc::clone(&store)
+        };
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let join = |batch: &str| {
             tokio::process::Command::new(&exe)
-                .args(["--join", batch, "--db", &location])
+                .args(["--join", batch, "--db", &worker_location])
                 .args(["--steps", &args.steps.to_string()])
                 .args(["--concurrency", &args.concurrency.to_string()])
                 .kill_on_drop(true)
@@ -102,6 +150,7 @@ fn run() -> Result<(), String> {
         };
         let report = run_queue_bench(
             Arc::clone(&store),
+            worker_store,
             args.tasks,
             args.steps,
             args.concurrency,
@@ -109,10 +158,17 @@ fn run() -> Result<(), String> {
             join,
         )
         .await?;
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(|e| e.to_string())?
-        );
+        let mut figures = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+        if let (Some(proxy), Some(map)) = (&proxy, figures.as_object_mut()) {
+            let turns = proxy.turns();
+            map.insert("wire_round_trips".into(), turns.into());
+            map.insert(
+                "wire_round_trips_per_step".into(),
+                (turns as f64 / report.steps.max(1) as f64).into(),
+            );
+            map.insert("delay_ms_each_way".into(), args.delay_ms.into());
+        }
+        println!("{figures}");
         if report.completed as usize != args.tasks {
             return Err(format!(
                 "{} of {} tasks completed ({} failed)",

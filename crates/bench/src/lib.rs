@@ -11,6 +11,7 @@ pub mod queue;
 mod report;
 pub mod stats;
 pub mod team;
+pub mod wire;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -216,13 +216,17 @@ pub struct QueueReport {
     pub failed: u64,
     /// Durable steps (accepted, committed, tool result committed) per second of run time.
     pub steps_per_sec: f64,
+    /// Accepted steps of the batch's tasks.
+    pub steps: u64,
 }
 
-/// Queues the tasks, then runs them with `processes` worker processes (`1`: this process).
+/// Queues the tasks through `store`, then runs them with `processes` worker processes (`1`:
+/// this process, through `worker_store`, which may reach the same database another way).
 /// `join` is how to start one more worker process on a batch: it gets the batch id and must
 /// run `work` to the end and exit (the CLI re-runs itself with `bench queue --join`).
 pub async fn run_queue_bench(
     store: Arc<dyn Store>,
+    worker_store: Arc<dyn Store>,
     tasks: usize,
     steps: u32,
     concurrency: usize,
@@ -234,7 +238,7 @@ pub async fn run_queue_bench(
     let submit_secs = started.elapsed().as_secs_f64();
     let started = Instant::now();
     if processes <= 1 {
-        work(store.clone(), &batch, steps, concurrency).await?;
+        work(worker_store, &batch, steps, concurrency).await?;
     } else {
         let mut children = Vec::new();
         for _ in 0..processes {
@@ -271,5 +275,6 @@ pub async fn run_queue_bench(
         completed,
         failed,
         steps_per_sec: steps_done as f64 / run_secs.max(1e-9),
+        steps: steps_done,
     })
 }
