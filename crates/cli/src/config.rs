@@ -20,7 +20,7 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     pub mcp: McpConfig,
     pub tools: ToolsConfig,
-    /// `[store]`: `snapshot_every = 100`.
+    /// `[store]`: `snapshot_every = 100`, `lease_secs = 30`, `transaction_pooler = true`.
     pub store: skillstate_store::StoreOptions,
     pub secrets: SecretsConfig,
     /// Where this process keeps its files (not read from the file: `--data-dir`, `--db` and
@@ -321,6 +321,19 @@ mod tests {
         );
         let error = Config::from_toml("[model]\napi_key = \"sk-123\"\n", CONFIG_FILE).unwrap_err();
         assert!(error.starts_with("skillstate.toml:2"), "{error}");
+    }
+
+    #[test]
+    fn a_transaction_pooler_is_declared_under_store() {
+        let defaults = Config::from_toml("", CONFIG_FILE).unwrap();
+        assert!(!defaults.store.transaction_pooler);
+        let config = Config::from_toml(
+            "[store]\nlease_secs = 30\ntransaction_pooler = true\n",
+            CONFIG_FILE,
+        )
+        .unwrap();
+        assert!(config.store.transaction_pooler);
+        assert_eq!(config.store.lease_secs, 30);
     }
 
     #[test]

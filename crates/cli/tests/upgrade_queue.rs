@@ -141,6 +141,18 @@ async fn upgrade_while_a_worker_runs(root: &Path, db: &str) {
     let versions = store.skill_versions().await.unwrap();
     assert_eq!(versions.len(), 2, "{versions:?}");
     store.release().await;
+    // `show` names the version a moved task runs and the step each version began at.
+    let show = cli(root, &config, &["--db", db, "show", moved[0]]);
+    expect_exit(&show, 0, "show");
+    let shown = text(&show.stdout);
+    let versions_line = shown
+        .lines()
+        .find(|line| line.starts_with("versions "))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        versions_line.contains(" from step 0, ") && versions_line.contains("2.0.0 ("),
+        "{versions_line}"
+    );
     for task in moved.iter().take(5) {
         let replay = cli(root, &config, &["--db", db, "replay", task]);
         expect_exit(&replay, 0, "replay");

@@ -84,17 +84,87 @@ pub fn plan_upgrade(
         }
         ran.push(migration.from.clone());
     }
-    let schema = &target.schema;
+    let checked = check_migrated(
+        state,
+        migrated,
+        &target.schema,
+        target.settings().budgets.state_tokens,
+        &MigrationTerms::TASK,
+    )?;
+    Ok(UpgradePlan {
+        migrations: ran,
+        state_hash: checked.state_hash,
+        new_state: checked.new_state,
+        patch: checked.patch,
+    })
+}
+
+/// How the checks of a migrated state name what they check: a task's state moving to a new
+/// version of its skill, or a board's state moving to a new schema.
+pub struct MigrationTerms {
+    /// The document, as `pointer_for_humans` names it (`state`, `board`).
+    pub document: &'static str,
+    /// The migrated document (`the migrated state`).
+    pub migrated: &'static str,
+    /// Its new schema (`the new version's schema`).
+    pub schema: &'static str,
+    /// Who gave the read-only values the document holds.
+    pub read_only_origin: &'static str,
+    /// Its budget, as a message names it, and where the budget is set (with a leading space
+    /// and in parentheses, or empty).
+    pub budget: &'static str,
+    pub budget_source: &'static str,
+    /// Whose state the journaled patch applies to (`the task's state`).
+    pub patched: &'static str,
+}
+
+impl MigrationTerms {
+    /// A task moving to another version of its skill.
+    pub const TASK: MigrationTerms = MigrationTerms {
+        document: "state",
+        migrated: "the migrated state",
+        schema: "the new version's schema",
+        read_only_origin: "is read-only in the new version and holds a value the task's user or runtime gave it",
+        budget: "the new version's budget",
+        budget_source: " ([budgets] state_tokens)",
+        patched: "the task's state",
+    };
+}
+
+/// A migrated document that passed its checks: the journaled patch and what it gives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Migrated {
+    pub new_state: Value,
+    pub state_hash: String,
+    /// RFC 6902 operations from the old document to the new one (empty when unchanged).
+    pub patch: Value,
+}
+
+/// The checks every migrated document passes, whatever migrated it (a skill version's
+/// migrations, a board's): a read-only location of the new schema the old document holds keeps
+/// its value (a migration may set one it does not hold yet), the new schema (every violation
+/// with its pointer), and the budget of `budget` tokens. The document committed is the RFC 6902
+/// patch from `state` applied to `state`, exactly as replay and time travel will rebuild it
+/// (member order included, which a prompt shows).
+pub fn check_migrated(
+    state: &Value,
+    migrated: Value,
+    schema: &crate::StateSchema,
+    budget: usize,
+    terms: &MigrationTerms,
+) -> Result<Migrated, Vec<Rejection>> {
     let mut rejections = Vec::new();
-    // Read-only values the task holds stay as they are; new ones may be set.
+    // Read-only values the document holds stay as they are; new ones may be set.
     for pointer in schema.changed_read_only_locations(state, &migrated) {
         if state.pointer(&pointer).is_some() {
             rejections.push(Rejection {
                 kind: RejectionKind::ReadOnly,
                 document: Document::State,
                 message: format!(
-                    "{} is read-only in the new version and holds a value the task's user or runtime gave it: a migration may set a read-only location the state does not hold yet, never change or remove one",
-                    pointer_for_humans(&pointer, "state")
+                    "{} {}: a migration may set a read-only location the {} does not hold yet, never change or remove one",
+                    pointer_for_humans(&pointer, terms.document),
+                    terms.read_only_origin,
+                    terms.document
                 ),
                 pointer,
             });
@@ -105,11 +175,10 @@ pub fn plan_upgrade(
         rejections.extend(schema_rejections(
             &problems,
             &schema.whole_view(),
-            "the migrated state",
-            "the new version's schema",
+            terms.migrated,
+            terms.schema,
         ));
     }
-    let budget = target.settings().budgets.state_tokens;
     let compact = serde_json::to_string(&migrated).unwrap_or_default();
     if compact.len() > budget {
         let tokens = count_tokens(&compact);
@@ -119,7 +188,8 @@ pub fn plan_upgrade(
                 document: Document::State,
                 pointer: String::new(),
                 message: format!(
-                    "the migrated state would be {tokens} tokens, over the new version's budget of {budget} ([budgets] state_tokens)"
+                    "{} would be {tokens} tokens, over {} of {budget}{}",
+                    terms.migrated, terms.budget, terms.budget_source
                 ),
             });
         }
@@ -129,8 +199,6 @@ pub fn plan_upgrade(
     }
     let patch = serde_json::to_value(json_patch::diff(state, &migrated))
         .unwrap_or_else(|_| Value::Array(Vec::new()));
-    // The state committed is the journaled patch applied to the old state, exactly as replay
-    // and time travel will rebuild it (member order included, which a prompt shows).
     let new_state = StatePatch::from_value(&patch)
         .and_then(|p| p.apply(state))
         .ok()
@@ -140,12 +208,13 @@ pub fn plan_upgrade(
                 kind: RejectionKind::PatchApply,
                 document: Document::State,
                 pointer: String::new(),
-                message: "the migrated state cannot be expressed as a patch of the task's state"
-                    .to_owned(),
+                message: format!(
+                    "{} cannot be expressed as a patch of {}",
+                    terms.migrated, terms.patched
+                ),
             }]
         })?;
-    Ok(UpgradePlan {
-        migrations: ran,
+    Ok(Migrated {
         state_hash: state_hash(&new_state),
         new_state,
         patch,

@@ -40,16 +40,20 @@ pub fn parse_side_effect(text: &str) -> Option<SideEffect> {
 
 #[pymethods]
 impl PyTool {
-    /// Tool(function, name, description, parameters, side_effect="effectful", pass_context=False)
+    /// Tool(function, name, description, parameters, side_effect="effectful", pass_context=False, needs_approval=False)
     ///
     /// `parameters` is the JSON Schema of the arguments object; the model's arguments are
     /// validated against it before the call, and `function` is called with them as keyword
     /// arguments. `side_effect` decides what happens when a process dies during the call:
     /// "read_only" and "idempotent" calls are run again on resume, an "effectful" one is not
     /// (its outcome becomes unknown, as for built-in tools). With `pass_context=True` the
-    /// function also gets `context={"task_id", "step", "idempotency_key"}`.
+    /// function also gets `context={"task_id", "step", "idempotency_key"}`. With
+    /// `needs_approval=True` every call waits for a human: the task pauses
+    /// (`awaiting_approval`) until `Runtime.approve` runs the call once or `Runtime.reject`
+    /// refuses it, as skillstate.toml's `require_approval` does for built-in tools.
     #[new]
-    #[pyo3(signature = (function, name, description, parameters, side_effect = "effectful", pass_context = false))]
+    #[pyo3(signature = (function, name, description, parameters, side_effect = "effectful", pass_context = false, needs_approval = false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         function: Py<PyAny>,
@@ -58,6 +62,7 @@ impl PyTool {
         parameters: &Bound<'_, PyAny>,
         side_effect: &str,
         pass_context: bool,
+        needs_approval: bool,
     ) -> PyResult<Self> {
         let tool_error = |message: String| {
             errors::raise::<errors::ToolError>(py, "tool", None, Vec::new(), message)
@@ -95,7 +100,7 @@ impl PyTool {
                 input_schema,
                 side_effect,
                 source: PYTHON_SOURCE.to_owned(),
-                needs_approval: false,
+                needs_approval,
             },
             function: Arc::new(function),
             pass_context,
@@ -120,6 +125,12 @@ impl PyTool {
     #[getter]
     fn side_effect(&self) -> &'static str {
         self.spec.side_effect.as_str()
+    }
+
+    /// Whether each call waits for a human's approval.
+    #[getter]
+    fn needs_approval(&self) -> bool {
+        self.spec.needs_approval
     }
 
     #[getter]

@@ -5,10 +5,11 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 use skillstate_core::skill::Location;
 use skillstate_core::{Rejection, SkillErrors};
 use skillstate_runtime::RuntimeError;
+use skillstate_runtime::upgrade::VersionName;
 use skillstate_store::StoreError as StoreFailure;
 
 create_exception!(
@@ -28,6 +29,12 @@ create_exception!(
     ValidationError,
     SkillstateError,
     "A state or answer broke the skill's rules: `.errors` holds (kind, pointer, message) for each problem."
+);
+create_exception!(
+    skillstate,
+    UpgradeRefused,
+    ValidationError,
+    "A task could not move to another version of its skill: the migrated state fails the new version's checks (schema, state budget, read-only locations), and nothing was changed. `.errors` holds (kind, pointer, message) for each problem, `.rejections` the same as dicts, `.task` the task's id and `.to` the version ({\"hash\", \"version\"})."
 );
 create_exception!(
     skillstate,
@@ -147,6 +154,56 @@ pub fn rejections_error(py: Python<'_>, what: &str, rejections: &[Rejection]) ->
     )
 }
 
+/// The refusal of an upgrade: every problem of the migrated state with its pointer.
+pub fn upgrade_refused(
+    py: Python<'_>,
+    task: &str,
+    to: &VersionName,
+    rejections: &[Rejection],
+) -> PyErr {
+    let first = rejections.first();
+    let kind = first.map(|r| r.kind.as_str()).unwrap_or("schema");
+    let list = rejections
+        .iter()
+        .map(|r| {
+            (
+                r.kind.as_str().to_owned(),
+                r.pointer.clone(),
+                r.message.clone(),
+            )
+        })
+        .collect();
+    let lines: Vec<String> = rejections.iter().map(ToString::to_string).collect();
+    let error = raise::<UpgradeRefused>(
+        py,
+        kind,
+        first.map(|r| r.pointer.as_str()),
+        list,
+        format!(
+            "task {task} cannot move to {to}: the migrated state does not fit it, so nothing was changed:\n  {}\nfix the new version's migration (migrations/<version>.json) or its schema, then upgrade again",
+            lines.join("\n  ")
+        ),
+    );
+    let value = error.value(py);
+    let dicts: Vec<Bound<'_, PyDict>> = rejections
+        .iter()
+        .filter_map(|r| {
+            let dict = PyDict::new(py);
+            dict.set_item("kind", r.kind.as_str()).ok()?;
+            dict.set_item("pointer", &r.pointer).ok()?;
+            dict.set_item("message", &r.message).ok()?;
+            Some(dict)
+        })
+        .collect();
+    let _ = value.setattr("rejections", dicts);
+    let _ = value.setattr("task", task);
+    let version = PyDict::new(py);
+    let _ = version.set_item("hash", &to.hash);
+    let _ = version.set_item("version", to.version.as_deref());
+    let _ = value.setattr("to", version);
+    error
+}
+
 pub fn store_error(py: Python<'_>, error: &StoreFailure) -> PyErr {
     let kind = variant_kind(&format!("{error:?}"));
     let message = error.to_string();
@@ -186,6 +243,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SkillstateError", py.get_type::<SkillstateError>())?;
     m.add("SkillError", py.get_type::<SkillError>())?;
     m.add("ValidationError", py.get_type::<ValidationError>())?;
+    m.add("UpgradeRefused", py.get_type::<UpgradeRefused>())?;
     m.add("StoreError", py.get_type::<StoreError>())?;
     m.add("TaskError", py.get_type::<TaskError>())?;
     m.add("ModelError", py.get_type::<ModelError>())?;

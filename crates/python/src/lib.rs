@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod runtime;
 mod skill;
+mod upgrade;
 
 use pyo3::prelude::*;
 

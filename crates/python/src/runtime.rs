@@ -32,7 +32,7 @@ pub struct Inner {
 }
 
 impl Inner {
-    fn store(&self, py: Python<'_>) -> PyResult<Arc<dyn Store>> {
+    pub(crate) fn store(&self, py: Python<'_>) -> PyResult<Arc<dyn Store>> {
         self.store
             .lock()
             .ok()
@@ -49,7 +49,7 @@ impl Inner {
     }
 
     /// Runs `future` to completion with the interpreter released.
-    fn block<F: Future + Send>(&self, py: Python<'_>, future: F) -> F::Output
+    pub(crate) fn block<F: Future + Send>(&self, py: Python<'_>, future: F) -> F::Output
     where
         F::Output: Send,
     {
@@ -106,6 +106,15 @@ fn world(
         .iter()
         .map(|t| Arc::new(t.clone()) as Arc<dyn Tool>)
         .collect();
+    world_with(settings, request, extra)
+}
+
+/// `world` with any tools as the extra ones.
+pub(crate) fn world_with(
+    settings: Option<&EnvironmentSettings>,
+    request: &str,
+    extra: Vec<Arc<dyn Tool>>,
+) -> Result<Box<dyn Environment>, String> {
     Ok(match settings {
         Some(settings) => {
             let inner = skillstate_envs::build_environment(settings).map_err(|e| e.to_string())?;
@@ -319,23 +328,7 @@ impl PyRuntime {
             .inner
             .block(py, async { store.task(task_id).await })
             .map_err(|e| errors::store_error(py, &e))?;
-        let settings: Option<EnvironmentSettings> = match &task.environment {
-            Some(record) if !record.is_null() => {
-                Some(serde_json::from_value(record.clone()).map_err(|e| {
-                    errors::raise::<errors::TaskError>(
-                        py,
-                        "environment",
-                        None,
-                        Vec::new(),
-                        format!(
-                            "task {}: its environment record cannot be rebuilt here ({e}); continue it with the skillstate CLI",
-                            task.id
-                        ),
-                    )
-                })?)
-            }
-            _ => None,
-        };
+        let settings = task_environment(py, &task)?;
         let tools = callable_tools(py, &tool_list(py, tools)?);
         let model = model_choice(
             py,
@@ -344,6 +337,31 @@ impl PyRuntime {
             model_settings,
         )?;
         self.drive(py, &task.id, entry, &model, &tools, max_steps, settings)
+    }
+}
+
+/// The built-in environment a stored task runs in, from its record (None: its request and the
+/// Python tools are its world).
+pub(crate) fn task_environment(
+    py: Python<'_>,
+    task: &TaskRecord,
+) -> PyResult<Option<EnvironmentSettings>> {
+    match &task.environment {
+        Some(record) if !record.is_null() => {
+            Ok(Some(serde_json::from_value(record.clone()).map_err(|e| {
+                errors::raise::<errors::TaskError>(
+                    py,
+                    "environment",
+                    None,
+                    Vec::new(),
+                    format!(
+                        "task {}: its environment record cannot be rebuilt here ({e}); use the skillstate CLI for it",
+                        task.id
+                    ),
+                )
+            })?))
+        }
+        _ => Ok(None),
     }
 }
 
@@ -586,6 +604,51 @@ impl PyRuntime {
     ) -> PyResult<Task> {
         let entry = Entry::Reject(reason.to_owned());
         self.continue_task(py, task_id, entry, model, tools, max_steps, model_settings)
+    }
+
+    /// upgrade(task_id, skill, *, apply=False, author="operator") -> dict
+    ///
+    /// Moves a stored task (by id or a unique prefix) to another version of its skill, as
+    /// `skillstate upgrade` does: the new version's migrations run on the task's state, the
+    /// result must pass the new schema, state budget and read-only rule, and the upgrade is a
+    /// step of the task's journal authored by `author`. Without `apply` nothing is written:
+    /// the answer is what applying would do now.
+    ///
+    /// skill: a Skill, or the path of a skill directory. The Python tools the new version
+    ///     offers are the Skill's (Skill.load(path, tools=...)); a path, or a Skill loaded
+    ///     without tools, keeps the Python tools the task was given.
+    ///
+    /// A task waiting for an approval or a reply is not moved at once: the upgrade is
+    /// checked now and scheduled, and committed by whoever settles the waiting action
+    /// (approve, reject, reply), before the next model call.
+    ///
+    /// Returns a dict: task, outcome ("moved": committed; "scheduled": committed once the
+    /// waiting action is settled; "planned": a dry run), from and to ({"hash", "version"}),
+    /// migrations (the versions their files start from), diff (RFC 6902 operations from the
+    /// state before to the state after), step (the step that records it), applied, scheduled
+    /// (whether it waits, or would wait, for the pending action).
+    ///
+    /// Raises UpgradeRefused (`.errors`, `.rejections` with each problem's pointer) when the
+    /// migrated state does not fit, TaskError (kind unchanged, other_skill, busy, pending or
+    /// stale) when the task cannot move now, StoreError, SkillError for a bad directory.
+    #[pyo3(signature = (task_id, skill, *, apply = false, author = "operator"))]
+    fn upgrade<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &str,
+        skill: &Bound<'py, PyAny>,
+        apply: bool,
+        author: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::upgrade::upgrade(&self.inner, py, task_id, skill, apply, author)
+    }
+
+    /// The skill versions the database keeps, oldest first: dicts with name, version
+    /// (skill.toml's, or None), hash, tasks (running it now), former_tasks (moved to another
+    /// version since), bytes (its stored skill and tools) and created_at (milliseconds since
+    /// the Unix epoch), as `skillstate skills` lists them.
+    fn skills<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        crate::upgrade::skills(&self.inner, py)
     }
 
     /// The stored task with this id (or unique id prefix).

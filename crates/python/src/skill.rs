@@ -277,6 +277,17 @@ impl PySkill {
         &self.frame.skill().definition.name
     }
 
+    /// skill.toml's `version` (semantic: it orders the skill's migrations), or None.
+    #[getter]
+    fn version(&self) -> Option<String> {
+        self.frame
+            .skill()
+            .settings()
+            .version
+            .as_ref()
+            .map(ToString::to_string)
+    }
+
     #[getter]
     fn description(&self) -> &str {
         &self.frame.skill().definition.description

@@ -3,7 +3,12 @@
 //! the answer's board part commits in one transaction with the step, on top of the version the
 //! prompt showed — or, when others wrote since, rebased onto the newest version if the
 //! locations it touches did not change (core's `board::rebase`), and otherwise refused with a
-//! conflict the model sees at its next attempt, with the fresh values.
+//! conflict the model sees at its next attempt, with the fresh values. Each attempt reads the
+//! board's schema with its state: a board's schema may change while a member runs (`board
+//! upgrade`, a write of its own), and an answer is checked against the schema in effect at the
+//! version it is committed on.
+
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use skillstate_core::StateSchema;
@@ -14,7 +19,7 @@ use skillstate_core::board::{
 use skillstate_core::secrets::Redactor;
 use skillstate_core::validate::Rejection;
 use skillstate_store::{
-    BoardAuthor, BoardWrite, LeasedWrite, StepCommit, Store, StoreError, TaskRecord,
+    BoardAuthor, BoardRecord, BoardWrite, LeasedWrite, StepCommit, Store, StoreError, TaskRecord,
 };
 
 use crate::RuntimeError;
@@ -31,7 +36,11 @@ const COMMIT_TRIES: usize = 256;
 /// The board a task is attached to, as its runner needs it.
 pub(crate) struct BoardFrame {
     pub(crate) id: String,
-    pub(crate) schema: StateSchema,
+    /// The member task, for messages.
+    task: String,
+    /// The board's schema as last read, compiled; a board's schema may change (`board
+    /// upgrade`) while a member runs, so every read compares it with the stored one.
+    schema: Mutex<Arc<StateSchema>>,
     pub(crate) scope: BoardScope,
 }
 
@@ -39,6 +48,8 @@ pub(crate) struct BoardFrame {
 pub(crate) struct BoardSeen {
     pub(crate) version: u64,
     pub(crate) state: Value,
+    /// The board's schema at that version: what an answer computed on it is checked against.
+    pub(crate) schema: Arc<StateSchema>,
 }
 
 /// How a step with a board part ended at the store.
@@ -48,6 +59,20 @@ pub(crate) enum BoardCommitted {
     /// Refused: the answer met others' writes, or no longer passes the board's schema on the
     /// newest version. The rejections, pointed into the shown state, go to the next attempt.
     Refused(Vec<Rejection>),
+}
+
+/// A board's stored schema, compiled; a schema that no longer compiles is the stored task's
+/// problem (its runner cannot check its answers).
+fn compile_stored(board: &BoardRecord, task: &str) -> Result<StateSchema, RuntimeError> {
+    StateSchema::compile(board.schema.clone()).map_err(|defect| RuntimeError::StoredTask {
+        task: task.to_owned(),
+        message: format!(
+            "board {}: its stored schema at {}: {}",
+            board.name,
+            skillstate_core::json::pointer_for_humans(&defect.pointer, "schema"),
+            defect.message
+        ),
+    })
 }
 
 impl BoardFrame {
@@ -76,28 +101,39 @@ impl BoardFrame {
             ));
         }
         let board = store.board(&board_id, None).await?;
-        let schema = StateSchema::compile(board.schema).map_err(|defect| {
-            stored(format!(
-                "board {}: its stored schema at {}: {}",
-                board.name,
-                skillstate_core::json::pointer_for_humans(&defect.pointer, "schema"),
-                defect.message
-            ))
-        })?;
+        let schema = compile_stored(&board, &task.id)?;
         Ok(Some(Self {
             id: board.id,
-            schema,
+            task: task.id.clone(),
+            schema: Mutex::new(Arc::new(schema)),
             scope,
         }))
     }
 
-    /// The board as it stands now.
+    /// The board as it stands now, with the schema in effect (compiled again only when it
+    /// changed since the last read).
     pub(crate) async fn read(&self, store: &dyn Store) -> Result<BoardSeen, RuntimeError> {
         let board = store.board(&self.id, None).await?;
+        let known = self.current_schema();
+        let schema = if known.document() == &board.schema {
+            known
+        } else {
+            let fresh = Arc::new(compile_stored(&board, &self.task)?);
+            *self.schema.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+            fresh
+        };
         Ok(BoardSeen {
             version: board.version,
             state: board.state,
+            schema,
         })
+    }
+
+    fn current_schema(&self) -> Arc<StateSchema> {
+        self.schema
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Commits `commit` (the task's step, at `task_version`) with `change`, computed on
@@ -151,11 +187,13 @@ impl BoardFrame {
             }
             let newest = self.read(writer.store).await?;
             match rebase(&change.patch, &seen.state, &newest.state) {
+                // Checked against the schema in effect at the newest version (a schema change
+                // is a write of its own, so a board whose schema changed moved on too).
                 Ok(rebased) => match apply_board(
-                    &self.schema,
+                    &newest.schema,
                     &rebased.patch,
                     &newest.state,
-                    &self.schema.view_of(&self.scope.reads),
+                    &newest.schema.view_of(&self.scope.reads),
                 ) {
                     Ok(applied) => {
                         write.patch = applied.patch.to_value();
@@ -198,6 +236,12 @@ impl BoardFrame {
         newest: &BoardSeen,
         secrets: &Redactor,
     ) -> Vec<Rejection> {
-        conflict_rejections(conflict, &newest.state, &self.scope, &self.schema, secrets)
+        conflict_rejections(
+            conflict,
+            &newest.state,
+            &self.scope,
+            &newest.schema,
+            secrets,
+        )
     }
 }

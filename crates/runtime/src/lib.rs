@@ -4,6 +4,7 @@
 
 mod act;
 mod board;
+pub mod board_upgrade;
 mod drain;
 mod error;
 mod frame;

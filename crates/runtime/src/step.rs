@@ -135,7 +135,7 @@ impl Runner<'_> {
                 (Some(board), Some(seen)) => validate_board_step(
                     &rules,
                     &BoardRules {
-                        schema: &board.schema,
+                        schema: &seen.schema,
                         scope: &board.scope,
                     },
                     state,

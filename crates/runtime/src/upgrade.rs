@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use skillstate_core::upgrade::{UpgradePlan, plan_upgrade};
+use skillstate_core::write_only::{SecretValues, WriteOnly};
 use skillstate_core::{Rejection, Skill, ToolSpec};
 use skillstate_store::{SkillChange, StepCommit, Store, StoreError, TaskRecord, TaskStatus};
 
@@ -68,7 +69,10 @@ pub struct Upgraded {
     pub to: VersionName,
     /// The migrations run, by the version each starts from.
     pub migrations: Vec<String>,
-    /// RFC 6902 operations from the state before to the state after (empty: unchanged).
+    /// RFC 6902 operations from the state before to the state after (empty: unchanged), as a
+    /// report may show them: every value either version marks write-only, and every
+    /// write-only value of the state before wherever the migration put it, reads
+    /// `"[redacted]"` ([`Shown`]). The journal keeps the real patch.
     pub diff: Value,
     /// The step that records it (`apply`), or would.
     pub step: u64,
@@ -119,6 +123,57 @@ pub enum UpgradeError {
     Stale { task: String, actual: u64 },
 }
 
+/// What a report of an upgrade may show of the task's state: its patch and its problems with
+/// the write-only values of both versions hidden. A migration may move a value from a
+/// write-only location to one the new version shows; the values the old version hid are
+/// scrubbed wherever they land, so a dry run never shows what the old version kept hidden.
+pub struct Shown {
+    before: WriteOnly,
+    after: WriteOnly,
+    hidden: SecretValues,
+}
+
+impl Shown {
+    /// For `task` moving to `to`.
+    pub fn of(task: &TaskRecord, to: &skillstate_core::SkillDefinition) -> Self {
+        Self::between(&task.skill.schema, &task.state, &to.schema)
+    }
+
+    /// For `state`, a document of schema `before`, moving to schema `after` (a task's state,
+    /// a board's).
+    pub fn between(before: &Value, state: &Value, after: &Value) -> Self {
+        let before = WriteOnly::of_schema(before);
+        let after = WriteOnly::of_schema(after);
+        let mut hidden = SecretValues::default();
+        before.collect(state, &mut hidden);
+        Self {
+            before,
+            after,
+            hidden,
+        }
+    }
+
+    /// `patch` (RFC 6902 operations from the state before) as a report shows it.
+    pub fn patch(&self, patch: &Value) -> Value {
+        let mut shown = patch.clone();
+        self.before.redact_patch(&mut shown);
+        self.after.redact_patch(&mut shown);
+        self.hidden.scrub_json(&mut shown);
+        shown
+    }
+
+    /// `rejections` with nothing the old version hid in their messages.
+    pub fn rejections(&self, rejections: Vec<Rejection>) -> Vec<Rejection> {
+        rejections
+            .into_iter()
+            .map(|mut rejection| {
+                rejection.message = self.hidden.scrub(&rejection.message).into_owned();
+                rejection
+            })
+            .collect()
+    }
+}
+
 /// The note the step after an upgrade opens with.
 fn upgraded_note(from: &VersionName, to: &VersionName) -> String {
     format!(
@@ -151,6 +206,7 @@ pub async fn upgrade_task(
             version: to,
         });
     }
+    let shown = Shown::of(&task, &upgrade.to.definition);
     let plan = plan_upgrade(
         task.skill.settings.version.as_ref(),
         &task.state,
@@ -159,7 +215,7 @@ pub async fn upgrade_task(
     .map_err(|rejections| UpgradeError::Refused {
         task: task.id.clone(),
         to: to.clone(),
-        rejections,
+        rejections: shown.rejections(rejections),
     })?;
     let step = task.version + 1;
     let mut upgraded = Upgraded {
@@ -167,7 +223,7 @@ pub async fn upgrade_task(
         from,
         to,
         migrations: plan.migrations.iter().map(ToString::to_string).collect(),
-        diff: plan.patch.clone(),
+        diff: shown.patch(&plan.patch),
         step,
         applied: false,
         scheduled: false,
@@ -284,7 +340,7 @@ impl crate::step_loop::Runner<'_> {
             from,
             to,
             migrations: plan.migrations.iter().map(ToString::to_string).collect(),
-            diff: plan.patch.clone(),
+            diff: Shown::of(task, &skill.definition).patch(&plan.patch),
             step: task.version + 1,
             applied: true,
             scheduled: true,

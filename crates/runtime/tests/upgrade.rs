@@ -351,3 +351,93 @@ async fn a_task_moves_to_a_new_version_as_a_step_and_goes_on_under_it() {
         store.release().await;
     }
 }
+
+/// A skill whose state holds a write-only token (1.0.0), then (2.0.0) a migration that moves
+/// it where the new schema shows it, or to a place whose type it breaks.
+fn vault(version: &str, schema: Value, migrations: Vec<Migration>) -> Skill {
+    let mut settings = SkillSettings {
+        version: Some(SkillVersion::parse(version).unwrap()),
+        ..Default::default()
+    };
+    settings.tools.allow = vec!["office".into()];
+    Skill::from_definition(SkillDefinition {
+        name: "vault".into(),
+        description: "Keep a token".into(),
+        metadata: None,
+        procedure: "Keep the token.".into(),
+        schema,
+        initial_state: json!({"token": "tok-9f8e7d6c5b4a3921"}),
+        settings,
+        migrations,
+    })
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_never_shows_what_either_version_hides() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skillstate.db");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(path.to_str().unwrap(), Synchronous::Full)
+            .await
+            .unwrap(),
+    );
+    let v1 = vault(
+        "1.0.0",
+        json!({"type": "object", "properties": {"token": {"type": "string", "writeOnly": true}}}),
+        Vec::new(),
+    );
+    let mut env = Office::new();
+    let options = TaskOptions::new("scripted:test.jsonl", ContextStrategy::State);
+    let task = start_task(store.as_ref(), &v1, &mut env, &options)
+        .await
+        .unwrap()
+        .id;
+    let moved = |schema: Value| {
+        vault(
+            "2.0.0",
+            schema,
+            vec![Migration {
+                from: SkillVersion::parse("1.0.0").unwrap(),
+                patch: json!([{"op": "move", "from": "/token", "path": "/shown"}]),
+            }],
+        )
+    };
+    // 2.0.0 shows the value at a location that is not write-only: the report still hides it.
+    let shows = moved(json!({"type": "object", "properties": {"shown": {"type": "string"}}}));
+    let tools = presented_tools(&shows, &env).unwrap();
+    let planned = upgrade_task(&store, &upgrade(&task, &shows, &tools, false))
+        .await
+        .unwrap();
+    let diff = planned.diff.to_string();
+    assert!(!diff.contains("tok-9f8e7d6c5b4a3921"), "{diff}");
+    assert!(diff.contains("[redacted]"), "{diff}");
+    // A refusal about the value does not quote it either.
+    let breaks = moved(json!({"type": "object", "properties": {"shown": {"type": "integer"}}}));
+    let tools = presented_tools(&breaks, &env).unwrap();
+    match upgrade_task(&store, &upgrade(&task, &breaks, &tools, false)).await {
+        Err(error @ UpgradeError::Refused { .. }) => {
+            let text = format!("{error} {error:?}");
+            assert!(!text.contains("tok-9f8e7d6c5b4a3921"), "{text}");
+            assert!(text.contains("/shown"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The journal keeps the real value: applied, the state holds it where 2.0.0 put it.
+    let applied = upgrade_task(
+        &store,
+        &upgrade(&task, &shows, &tools_of(&shows, &env), true),
+    )
+    .await
+    .unwrap();
+    assert!(applied.applied);
+    assert_eq!(
+        store.task(&task).await.unwrap().state,
+        json!({"shown": "tok-9f8e7d6c5b4a3921"})
+    );
+    store.release().await;
+}
+
+fn tools_of(skill: &Skill, env: &Office) -> Vec<ToolSpec> {
+    presented_tools(skill, env).unwrap()
+}

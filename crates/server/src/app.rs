@@ -36,7 +36,8 @@ use crate::offload::Offload;
 use crate::policy::ServicePolicy;
 use crate::problem::finish_problems;
 use crate::routes::{
-    batches, board_events, boards, events, inbox, journal, ops, provenance, recall, state, tasks,
+    batches, board_events, board_upgrade, boards, events, inbox, journal, ops, provenance, recall,
+    state, tasks, upgrade,
 };
 
 /// The service's limits.
@@ -217,9 +218,13 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/tasks", post(tasks::create_task).get(tasks::list_tasks))
         .route("/v1/tasks:batch", post(tasks::create_tasks))
+        .route("/v1/tasks:upgrade", post(upgrade::upgrade_tasks))
+        // POST is `/v1/tasks/{id}:upgrade`: the router cannot end a parameter with a suffix.
         .route(
             "/v1/tasks/{id}",
-            get(tasks::get_task).delete(tasks::delete_task),
+            get(tasks::get_task)
+                .delete(tasks::delete_task)
+                .post(upgrade::task_method),
         )
         .route("/v1/tasks/{id}/cancel", post(tasks::cancel_task))
         .route(
@@ -260,7 +265,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/boards",
             post(boards::create_board).get(boards::list_boards),
         )
-        .route("/v1/boards/{id}", get(boards::get_board))
+        // POST is `/v1/boards/{id}:upgrade`, split off as for tasks.
+        .route(
+            "/v1/boards/{id}",
+            get(boards::get_board).post(board_upgrade::board_method),
+        )
         .route(
             "/v1/boards/{id}/state",
             get(boards::get_board_state).patch(boards::patch_board_state),

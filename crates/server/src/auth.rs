@@ -209,14 +209,13 @@ async fn authenticate(
     };
     match key {
         Some(key) if key.revoked_at.is_none() => {
-            let scope =
-                crate::routes::boards::key_scope(key.scopes.as_ref()).map_err(|problem| {
-                    ApiError::Forbidden {
-                        detail: format!(
-                            "this API key cannot be used: {problem}; revoke it and create a new one"
-                        ),
-                    }
-                })?;
+            let scope = skillstate_core::board::BoardScope::of_key(key.scopes.as_ref()).map_err(
+                |problem| ApiError::Forbidden {
+                    detail: format!(
+                        "this API key cannot be used: {problem}; revoke it and create a new one"
+                    ),
+                },
+            )?;
             Ok((
                 Caller {
                     tenant: key.tenant,

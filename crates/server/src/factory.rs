@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
-use skillstate_core::{ContextStrategy, Skill};
+use skillstate_core::{ContextStrategy, Skill, ToolSpec};
 use skillstate_store::{NewTask, TaskRecord};
 use skillstate_tools::Environment;
 use utoipa::ToSchema;
 
-use crate::policy::ResolvedRequest;
+use crate::policy::{ResolvedRequest, ResolvedSkill};
 use crate::problem::{ApiError, FieldError};
 
 /// A request to create a task.
@@ -61,6 +61,13 @@ pub struct CreateTaskRequest {
     /// String labels, filterable in listings (`GET /v1/tasks?label=team:ops`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The version of the skill the task must run: skill.toml's `version`, or its content hash
+    /// (a prefix of at least 6 hexadecimal digits). When the server's skill is another version
+    /// (the operator deployed a new one), the create is refused with 422 at `/skill_version`
+    /// rather than run on a version the caller did not write for.
+    #[serde(default)]
+    #[schema(example = "1.2.0")]
+    pub skill_version: Option<String>,
 }
 
 /// A context strategy (README, "Context strategies").
@@ -109,6 +116,28 @@ pub trait TaskFactory: Send + Sync {
     ) -> Result<Option<Box<dyn Environment>>, ApiError> {
         Ok(None)
     }
+
+    /// The version of `skill` the server holds now, compiled, with the tools `task`'s world
+    /// presents with it: what an upgrade of `task` moves it to
+    /// (`POST /v1/tasks/{id}:upgrade`). A skill that does not load is a 422 at `/skill`. The
+    /// default: this server cannot build versions (409).
+    async fn upgrade_target(
+        &self,
+        _task: &TaskRecord,
+        skill: &ResolvedSkill,
+    ) -> Result<UpgradeTarget, ApiError> {
+        Err(ApiError::conflict(format!(
+            "this server cannot build skill `{}` to upgrade tasks to; run `skillstate upgrade` where the skill's directory is",
+            skill.name
+        )))
+    }
+}
+
+/// A version of a skill to move tasks to, as a [`TaskFactory`] builds it.
+pub struct UpgradeTarget {
+    pub skill: Skill,
+    /// The tools the task's world presents with it.
+    pub tools: Vec<ToolSpec>,
 }
 
 /// Longest skill name, label name, label value and input accepted.
@@ -155,6 +184,15 @@ pub fn check_request(request: &CreateTaskRequest) -> Vec<FieldError> {
             "the initial state must be a JSON object",
         ));
     }
+    if let Some(pin) = &request.skill_version
+        && !is_version_pin(pin)
+    {
+        errors.push(FieldError::new(
+            "field",
+            "/skill_version",
+            "give skill.toml's version (1.2.0) or at least 6 hexadecimal digits of the version's content hash, as `skillstate skills` lists them",
+        ));
+    }
     if request.labels.len() > MAX_LABELS {
         errors.push(FieldError::new(
             "field",
@@ -187,7 +225,22 @@ pub fn check_request(request: &CreateTaskRequest) -> Vec<FieldError> {
     errors
 }
 
-fn is_name(text: &str) -> bool {
+/// Whether `pin` can name a skill version: a semantic version, or a hash prefix.
+pub(crate) fn is_version_pin(pin: &str) -> bool {
+    skillstate_core::skill::SkillVersion::parse(pin).is_ok() || is_hash_prefix(pin)
+}
+
+fn is_hash_prefix(text: &str) -> bool {
+    (6..=64).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `version` (as reports name it) is the one `pin` names.
+pub(crate) fn pin_names(pin: &str, version: &skillstate_runtime::upgrade::VersionName) -> bool {
+    version.version.as_deref() == Some(pin)
+        || (is_hash_prefix(pin) && version.hash.starts_with(&pin.to_ascii_lowercase()))
+}
+
+pub(crate) fn is_name(text: &str) -> bool {
     (1..=MAX_NAME).contains(&text.len())
         && text
             .bytes()
@@ -276,6 +329,7 @@ mod tests {
             state: None,
             environment: BTreeMap::new(),
             labels: BTreeMap::new(),
+            skill_version: None,
         }
     }
 
@@ -287,8 +341,23 @@ mod tests {
         bad.budget = Some(0);
         bad.state = Some(Value::Null);
         bad.labels.insert("a/b".into(), "x".into());
+        bad.skill_version = Some("abc".into());
         let pointers: Vec<String> = check_request(&bad).into_iter().map(|e| e.pointer).collect();
-        assert_eq!(pointers, ["/skill", "/budget", "/state", "/labels/a~1b"]);
+        assert_eq!(
+            pointers,
+            [
+                "/skill",
+                "/budget",
+                "/state",
+                "/skill_version",
+                "/labels/a~1b"
+            ]
+        );
+        for pin in ["1.2.0", "abcdef", "7E6E6743E3F4"] {
+            let mut ok = request();
+            ok.skill_version = Some(pin.into());
+            assert!(check_request(&ok).is_empty(), "{pin}");
+        }
     }
 
     #[test]

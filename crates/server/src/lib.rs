@@ -42,12 +42,13 @@ pub use app::{
 };
 pub use auth::{Caller, LOCAL_KEY_ID, SECRET_PREFIX, hash_secret, new_key_secret};
 pub use factory::{
-    ContextName, CreateTaskRequest, TaskFactory, check_initial_state, check_request, skill_dir,
+    ContextName, CreateTaskRequest, TaskFactory, UpgradeTarget, check_initial_state, check_request,
+    skill_dir,
 };
 pub use json::{nesting_exceeds, parse_body};
 pub use metrics::{metrics_router, serve_metrics};
 pub use openapi::{ApiDoc, document, document_json};
-pub use policy::{ResolvedRequest, ServicePolicy};
+pub use policy::{ResolvedRequest, ResolvedSkill, ServicePolicy};
 pub use problem::{ApiError, FieldError, PROBLEM_JSON, Problem};
 pub use viewer::CONTENT_SECURITY_POLICY;
 pub use views::*;

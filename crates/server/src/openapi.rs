@@ -12,6 +12,7 @@ use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
 use crate::routes::batches::{BatchListItem, BatchPage, BatchView, StopBatchRequest};
 use crate::routes::board_events::BoardEventView;
+use crate::routes::board_upgrade::{BoardUpgradeRequest, BoardUpgradeView};
 use crate::routes::events::{EventKindName, EventView};
 use crate::routes::inbox::{
     ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
@@ -19,8 +20,12 @@ use crate::routes::inbox::{
 use crate::routes::journal::ForkRequest;
 use crate::routes::recall::SearchOrder;
 use crate::routes::tasks::BatchCreateRequest;
+use crate::routes::upgrade::{
+    UpgradeOutcome, UpgradePage, UpgradeRequest, UpgradeTasksRequest, UpgradeView,
+};
 use crate::routes::{
-    batches, board_events, boards, events, inbox, journal, ops, provenance, recall, state, tasks,
+    batches, board_events, board_upgrade, boards, events, inbox, journal, ops, provenance, recall,
+    state, tasks, upgrade,
 };
 use crate::views::*;
 
@@ -37,6 +42,8 @@ use crate::views::*;
         tasks::get_task,
         tasks::delete_task,
         tasks::cancel_task,
+        upgrade::upgrade_one,
+        upgrade::upgrade_tasks,
         state::get_state,
         state::patch_state,
         provenance::state_provenance,
@@ -65,6 +72,7 @@ use crate::views::*;
         boards::patch_board_state,
         boards::list_board_writes,
         boards::board_state_at_version,
+        board_upgrade::upgrade,
         board_events::board_events,
         ops::healthz,
         ops::readyz,
@@ -78,6 +86,15 @@ use crate::views::*;
         BatchCreateRequest,
         ContextName,
         ForkRequest,
+        UpgradeRequest,
+        UpgradeView,
+        BoardUpgradeRequest,
+        BoardUpgradeView,
+        UpgradeTasksRequest,
+        UpgradeOutcome,
+        UpgradePage,
+        SkillVersionView,
+        TaskVersionView,
         TaskView,
         TaskListItem,
         TaskPage,

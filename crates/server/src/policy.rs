@@ -137,6 +137,44 @@ impl ServicePolicy {
             state: request.state.clone(),
             environment: request.environment.clone(),
             labels: request.labels.clone(),
+            skill_version: request.skill_version.clone(),
+        })
+    }
+
+    /// The skill a request names by `name` (at `pointer` of the request): a checked plain name,
+    /// with its directory inside the skills directory when the policy has one; a 422 at
+    /// `pointer` otherwise, naming no path.
+    pub fn resolve_skill(&self, name: &str, pointer: &str) -> Result<ResolvedSkill, ApiError> {
+        let at = |error: ApiError| match error {
+            ApiError::Invalid { detail, errors } => ApiError::Invalid {
+                detail,
+                errors: errors
+                    .into_iter()
+                    .map(|mut e| {
+                        e.pointer = pointer.to_owned();
+                        e
+                    })
+                    .collect(),
+            },
+            other => other,
+        };
+        let dir = match &self.skills_dir {
+            Some(dir) => Some(skill_dir(dir, name).map_err(at)?),
+            None if crate::factory::is_name(name) => None,
+            None => {
+                return Err(at(ApiError::invalid(
+                    format!("`{name}` is not a skill name"),
+                    vec![FieldError::new(
+                        "field",
+                        pointer,
+                        "use the name of a directory of the server's skills directory",
+                    )],
+                )));
+            }
+        };
+        Ok(ResolvedSkill {
+            name: name.to_owned(),
+            dir,
         })
     }
 
@@ -235,6 +273,19 @@ pub struct ResolvedRequest {
     /// Overrides of the skill's `[environment]`, none of them operator-only.
     pub environment: BTreeMap<String, Value>,
     pub labels: BTreeMap<String, String>,
+    /// The version the task must run (checked by the server against what the factory built).
+    pub skill_version: Option<String>,
+}
+
+/// A skill a request named, resolved by the [`ServicePolicy`]: what a
+/// [`TaskFactory`](crate::TaskFactory) is given to build a version of a skill from.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ResolvedSkill {
+    /// The skill's name (a checked plain name).
+    pub name: String,
+    /// Its directory inside the skills directory, when the policy has one.
+    pub dir: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -251,6 +302,7 @@ mod tests {
             state: None,
             environment: BTreeMap::new(),
             labels: BTreeMap::new(),
+            skill_version: None,
         }
     }
 

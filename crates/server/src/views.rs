@@ -9,7 +9,7 @@ mod redaction;
 
 pub use boards::*;
 pub use recall::*;
-pub(crate) use redaction::{Redaction, board_hides_values, shown_patch, shown_state};
+pub(crate) use redaction::{BoardHistory, Redaction, shown_state};
 
 use std::collections::BTreeMap;
 
@@ -84,6 +84,43 @@ pub struct TaskView {
     pub updated_at: String,
     /// Tokens and cost so far, summed over every answer in the journal.
     pub totals: Totals,
+    /// The version of its skill the task runs now.
+    pub skill_version: SkillVersionView,
+    /// Every version the task ran, with the step each began at (0: created on it; an upgrade
+    /// is the step that moved it), oldest first.
+    pub skill_versions: Vec<TaskVersionView>,
+    /// The version an upgrade will move the task to once its waiting action is settled
+    /// (approve, reject, reply), by content hash; `null` when none is scheduled.
+    pub upgrade_scheduled: Option<String>,
+}
+
+/// A version of a skill: its content hash (SHA-256 of everything that shapes a prompt or a
+/// check) and skill.toml's `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SkillVersionView {
+    #[schema(example = "a3068fa4228f0c…")]
+    pub hash: String,
+    /// skill.toml's `version`, when it has one.
+    #[schema(example = "2.0.0")]
+    pub version: Option<String>,
+}
+
+impl SkillVersionView {
+    pub fn of(name: skillstate_runtime::upgrade::VersionName) -> Self {
+        Self {
+            hash: name.hash,
+            version: name.version,
+        }
+    }
+}
+
+/// A version a task ran, from a step on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct TaskVersionView {
+    /// The first step rendered with it (0: the version the task was created with).
+    pub from_step: u64,
+    pub hash: String,
+    pub version: Option<String>,
 }
 
 /// A task's tokens and cost so far, summed over every answer of its journal (rejected answers
@@ -169,6 +206,7 @@ impl TaskView {
             .outcome
             .clone()
             .map(|outcome| Redaction::of_task(task).json(outcome));
+        let version = skillstate_runtime::upgrade::version_name(&task.skill, &task.tools);
         Self {
             id: task.id.clone(),
             skill: task.skill.name.clone(),
@@ -185,12 +223,35 @@ impl TaskView {
             created_at: rfc3339(task.created_at),
             updated_at: rfc3339(task.updated_at),
             totals: Totals::default(),
+            skill_version: SkillVersionView::of(version.clone()),
+            skill_versions: vec![TaskVersionView {
+                from_step: 0,
+                hash: version.hash,
+                version: version.version,
+            }],
+            upgrade_scheduled: task.upgrade_to.as_ref().map(|u| u.hash.clone()),
         }
     }
 
     /// With its totals.
     pub fn with_totals(mut self, totals: Totals) -> Self {
         self.totals = totals;
+        self
+    }
+
+    /// With the versions it ran (`Tasks::task_versions`; a task that never changed version
+    /// has the one it runs, from step 0).
+    pub fn with_versions(mut self, versions: Vec<skillstate_store::TaskVersion>) -> Self {
+        if !versions.is_empty() {
+            self.skill_versions = versions
+                .into_iter()
+                .map(|v| TaskVersionView {
+                    from_step: v.from_step,
+                    hash: v.hash,
+                    version: v.version,
+                })
+                .collect();
+        }
         self
     }
 }

@@ -4,7 +4,9 @@
 use serde_json::Value;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::boards::{BoardAuthor, BoardRecord, BoardSummary, BoardWrite, BoardWriteRecord};
+use crate::boards::{
+    BoardAuthor, BoardRecord, BoardSchemaRecord, BoardSummary, BoardWrite, BoardWriteRecord,
+};
 use crate::rows::{decode, to_json};
 use crate::{Result, StoreError};
 
@@ -184,6 +186,24 @@ where
         &row.try_get::<String, _>("state")?,
     )?;
     Ok((version, state))
+}
+
+/// A `board_schemas` row (`from_version`, `schema`).
+pub(crate) fn schema_from_row<R: Row>(board: &str, row: &R) -> Result<BoardSchemaRecord>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let from_version = count(row, "from_version")?;
+    let schema = decode(
+        &format!("schema of board {board} from version {from_version}"),
+        &row.try_get::<String, _>("schema")?,
+    )?;
+    Ok(BoardSchemaRecord {
+        from_version,
+        schema,
+    })
 }
 
 /// The columns a listing line reads (`summary_from_row`), members counted.

@@ -13,7 +13,11 @@
 //!   version can be rebuilt and every hash checked (`board_state_at`);
 //! - a write whose new version is a multiple of the store's snapshot interval also stores the
 //!   new state as a snapshot, in the same transaction, so rebuilding a version replays at most
-//!   that many writes; deleting the board deletes its snapshots.
+//!   that many writes; deleting the board deletes its snapshots;
+//! - a board's schema may change, only by a write of its own (`commit_board_schema`): the
+//!   write, the board's new schema and the schema's row in the history (`board_schemas`, from
+//!   that version on) commit together; every schema of the history is kept, so any version is
+//!   read with the schema in effect at it (`board_schema_at`).
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -100,6 +104,14 @@ pub struct BoardWriteRecord {
     pub created_at: i64,
 }
 
+/// One schema of a board's history: in effect from `from_version` (0: as the board was
+/// created) until the next one's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BoardSchemaRecord {
+    pub from_version: u64,
+    pub schema: Value,
+}
+
 /// Boards, their journals and which tasks are attached to which board.
 #[async_trait]
 pub trait Boards: Send + Sync {
@@ -118,6 +130,21 @@ pub trait Boards: Send + Sync {
         expected_version: u64,
         write: &BoardWrite,
     ) -> Result<u64>;
+    /// Commits a write that changes the board's schema to `schema` (checked by the caller, with
+    /// the write's new state valid against it): the write exactly as `commit_board_write`
+    /// commits it — its own version of the journal, `BoardMoved` when the board is elsewhere —
+    /// and `schema` in effect from that version on, in ONE transaction. Returns the new version.
+    async fn commit_board_schema(
+        &self,
+        board: &str,
+        expected_version: u64,
+        write: &BoardWrite,
+        schema: &Value,
+    ) -> Result<u64>;
+    /// Every schema the board had, oldest first, each with the version it applies from (the
+    /// first from 0). A database opened read-only at a schema before board histories gives the
+    /// board's one schema, from 0. `NoSuchBoard` when the board does not exist.
+    async fn board_schemas(&self, board: &str) -> Result<Vec<BoardSchemaRecord>>;
     /// Commits a task's step (exactly as `Journal::commit_step`, with the task at
     /// `expected_task_version`) and a board write on top of `expected_board_version` in ONE
     /// transaction: task `Conflict` or `BoardMoved` refuses both, and so does a task that is

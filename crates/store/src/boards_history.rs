@@ -125,6 +125,34 @@ async fn rebuild(
     Ok(state)
 }
 
+/// The schema of `board` (full id) in effect at `version` (0 = as created): the newest of its
+/// history (`Boards::board_schemas`) from `version` or before. `NoSuchBoardVersion` beyond the
+/// newest version; `BoardCorrupt` when the history holds no schema from version 0.
+pub async fn board_schema_at(store: &dyn Store, board: &str, version: u64) -> Result<Value> {
+    let current = store.board(board, None).await?;
+    if version > current.version {
+        return Err(StoreError::NoSuchBoardVersion {
+            board: current.id,
+            version,
+            current: current.version,
+        });
+    }
+    store
+        .board_schemas(&current.id)
+        .await?
+        .into_iter()
+        .rev()
+        .find(|schema| schema.from_version <= version)
+        .map(|schema| schema.schema)
+        .ok_or_else(|| StoreError::BoardCorrupt {
+            board: current.id.clone(),
+            version,
+            message: "no schema is recorded for this version (board_schemas lacks its row for \
+                      version 0)"
+                .into(),
+        })
+}
+
 /// The write-only values (of its board's schema) that a board member's history may show: its
 /// prompts mount the board, write-only values included, and its answers may write some. Those
 /// of the board's initial state and of every write to it (by whichever writer), and those the
@@ -144,24 +172,38 @@ pub async fn member_board_secrets(
         Err(StoreError::NoSuchBoard(_)) => return Ok(None),
         Err(other) => return Err(other),
     };
-    let write_only = WriteOnly::of_schema(&record.schema);
-    if write_only.is_empty() {
+    // Whatever any schema of the board's history marked write-only stays hidden: a value a
+    // member's prompt once showed under an older schema may be in its history.
+    let schemas: Vec<WriteOnly> = store
+        .board_schemas(&record.id)
+        .await?
+        .iter()
+        .map(|schema| WriteOnly::of_schema(&schema.schema))
+        .filter(|write_only| !write_only.is_empty())
+        .collect();
+    if schemas.is_empty() {
         return Ok(None);
     }
-    let mut secrets = write_only.secrets_of(&record.state);
-    write_only.collect(&store.board_initial_state(&record.id).await?, &mut secrets);
-    for write in store.board_writes(&record.id, 1, record.version).await? {
-        write_only.collect_patch(&write.patch, &mut secrets);
-    }
-    for entry in journal {
-        let written = match skillstate_core::parse_output(&entry.output) {
+    let initial = store.board_initial_state(&record.id).await?;
+    let writes = store.board_writes(&record.id, 1, record.version).await?;
+    let answers: Vec<Value> = journal
+        .iter()
+        .filter_map(|entry| match skillstate_core::parse_output(&entry.output) {
             Ok(parsed) => board_part(&parsed.state_patch),
             Err(_) => serde_json::from_str::<Value>(entry.output.trim())
                 .ok()
                 .and_then(|answer| answer.get("state_patch").and_then(board_part)),
-        };
-        if let Some(patch) = written {
-            write_only.collect_patch(&patch, &mut secrets);
+        })
+        .collect();
+    let mut secrets = SecretValues::default();
+    for write_only in &schemas {
+        write_only.collect(&record.state, &mut secrets);
+        write_only.collect(&initial, &mut secrets);
+        for write in &writes {
+            write_only.collect_patch(&write.patch, &mut secrets);
+        }
+        for patch in &answers {
+            write_only.collect_patch(patch, &mut secrets);
         }
     }
     Ok(Some(secrets))

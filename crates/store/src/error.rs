@@ -140,6 +140,47 @@ pub enum StoreError {
     /// Nothing of the batch was stored.
     #[error("{0}")]
     Feed(String),
+    /// The server is reached through a pooler that lends a connection for one transaction
+    /// at a time (PgBouncer in transaction mode) and the store was not told: its server-side
+    /// prepared statements met another client's, or were gone ([`StoreError::from`]).
+    #[error(
+        "PostgreSQL is reached through a transaction pooler (PgBouncer `pool_mode = transaction`?) that does not keep prepared statements between transactions ({message}). Set `transaction_pooler = true` under `[store]` in skillstate.toml (or add `transaction_pooler=true` to the postgres URL), and let the pooler drop each transaction's statements (pgbouncer.ini: `server_reset_query = DEALLOCATE ALL`, `server_reset_query_always = 1`); or connect to PostgreSQL directly or through a session pooler"
+    )]
+    TransactionPooler { message: String },
+    /// The connection was lost while a transaction committed: it may or may not be recorded.
+    #[error(
+        "the connection to PostgreSQL was lost while a write committed ({message}); whether it was recorded is unknown. Check the server, then look at the task (`skillstate show`) before resuming it"
+    )]
+    CommitUnknown { message: String },
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
+}
+
+/// Every sqlx error becomes a `StoreError` here, and only here: a pooler that breaks prepared
+/// statements is named once, with what to do, whichever statement met it.
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        if let Some(db) = error.as_database_error()
+            && pooler_broke_statements(db.code().as_deref(), db.message())
+        {
+            return StoreError::TransactionPooler {
+                message: db.message().to_owned(),
+            };
+        }
+        StoreError::Database(error)
+    }
+}
+
+/// PostgreSQL's answers when a named prepared statement of this client meets one of another
+/// client on a shared server connection (42P05 duplicate_prepared_statement) or is missing on
+/// the server connection the pooler lent this time (26000 invalid_sql_statement_name, for a
+/// statement sqlx named `sqlx_s_…`).
+fn pooler_broke_statements(code: Option<&str>, message: &str) -> bool {
+    match code {
+        Some("42P05") => true,
+        Some("26000") => {
+            message.contains("sqlx_s_") || message.contains("unnamed prepared statement")
+        }
+        _ => false,
+    }
 }

@@ -33,9 +33,12 @@ mod traits;
 use std::sync::Arc;
 
 pub use boards::{
-    BoardAuthor, BoardRecord, BoardSummary, BoardWrite, BoardWriteRecord, Boards, NewBoard,
+    BoardAuthor, BoardRecord, BoardSchemaRecord, BoardSummary, BoardWrite, BoardWriteRecord,
+    Boards, NewBoard,
 };
-pub use boards_history::{board_state_at, board_state_replayed, member_board_secrets};
+pub use boards_history::{
+    board_schema_at, board_state_at, board_state_replayed, member_board_secrets,
+};
 pub use error::StoreError;
 pub use fenced::LeasedWrite;
 pub use history::state_at;
@@ -99,6 +102,12 @@ pub struct StoreOptions {
     /// renews it every third of this; a runner that dies without releasing it blocks its task
     /// for at most this long (at once on the same machine, where a dead holder is detected).
     pub lease_secs: u64,
+    /// PostgreSQL is reached through a pooler that lends a server connection for one
+    /// transaction at a time (PgBouncer in `pool_mode = transaction`): no server-side prepared
+    /// statement is kept between transactions, every statement runs inside one, and no startup
+    /// parameter such a pooler refuses is sent. The URL's `transaction_pooler=true` does the
+    /// same. No effect on SQLite.
+    pub transaction_pooler: bool,
 }
 
 /// Default execution lease: renewed every 10 s while a task runs.
@@ -109,6 +118,7 @@ impl Default for StoreOptions {
         Self {
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             lease_secs: DEFAULT_LEASE_SECS,
+            transaction_pooler: false,
         }
     }
 }
@@ -141,7 +151,7 @@ async fn open_in_mode(
     let every = options.snapshot_every.max(1);
     if location.starts_with("postgres://") || location.starts_with("postgresql://") {
         return Ok(Arc::new(
-            PostgresStore::open_mode(location, mode)
+            PostgresStore::open_with(location, mode, options.transaction_pooler)
                 .await?
                 .with_snapshot_every(every),
         ));

@@ -78,6 +78,11 @@ pub const SQLITE: &[Migration] = &[
         name: "skill_versions",
         sql: include_str!("../migrations/sqlite/0013_skill_versions.sql"),
     },
+    Migration {
+        version: 14,
+        name: "board_schemas",
+        sql: include_str!("../migrations/sqlite/0014_board_schemas.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -145,6 +150,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 13,
         name: "skill_versions",
         sql: include_str!("../migrations/postgres/0013_skill_versions.sql"),
+    },
+    Migration {
+        version: 14,
+        name: "board_schemas",
+        sql: include_str!("../migrations/postgres/0014_board_schemas.sql"),
     },
 ];
 
@@ -399,8 +409,12 @@ pub async fn check_sqlite(pool: &SqlitePool, location: &str) -> Result<(), Store
     check_version(current, SQLITE, location)
 }
 
-/// The PostgreSQL twin of [`check_sqlite`]; looks in the connection's `search_path`.
-pub async fn check_postgres(pool: &PgPool, location: &str) -> Result<(), StoreError> {
+/// The PostgreSQL twin of [`check_sqlite`]; looks in the connection's `search_path`. `pool` is
+/// the backend's executor, which knows how to reach the server through a transaction pooler.
+pub async fn check_postgres<'c, E>(pool: E, location: &str) -> Result<(), StoreError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres> + Copy,
+{
     let has_table: Option<String> =
         sqlx::query_scalar("SELECT to_regclass('schema_migrations')::text")
             .fetch_one(pool)

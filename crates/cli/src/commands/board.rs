@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use skillstate_core::StateSchema;
 use skillstate_core::board::touched;
+use skillstate_core::json::pointer_for_humans;
+use skillstate_core::{Rejection, RejectionKind, StateSchema, WriteOnly};
+use skillstate_runtime::board_upgrade::{BoardUpgrade, BoardUpgradeError, upgrade_board};
 use skillstate_store::{BoardAuthor, BoardRecord, NewBoard, board_state_at};
 
 use crate::config::{Config, load_config, open_existing, open_store};
@@ -21,6 +23,31 @@ pub enum BoardCommand {
     List,
     /// Show a board's state (now, or at a version) and who wrote what, when.
     Show(ShowArgs),
+    /// Change a board's schema (dry run unless --apply): the migrated state's diff, or every
+    /// problem with its pointer, and each member's pointers checked against the new schema.
+    Upgrade(UpgradeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct UpgradeArgs {
+    /// The board's name or id.
+    board: String,
+    /// The new JSON Schema (2020-12).
+    #[arg(long)]
+    schema: PathBuf,
+    /// A migration applied to the board's current state first: a JSON Patch (array) or a JSON
+    /// merge patch (object).
+    #[arg(long)]
+    migration: Option<PathBuf>,
+    /// Refuse unless the board is still at this version (the one a dry run showed).
+    #[arg(long, value_name = "VERSION")]
+    at: Option<u64>,
+    /// Commit the upgrade (otherwise nothing is written).
+    #[arg(long)]
+    apply: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -56,6 +83,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, command: BoardCommand) ->
         BoardCommand::Create(args) => create(db, &config, args).await,
         BoardCommand::List => list(db).await,
         BoardCommand::Show(args) => show(db, args).await,
+        BoardCommand::Upgrade(args) => upgrade(db, &config, args).await,
     }
 }
 
@@ -87,16 +115,16 @@ pub(crate) fn read_json(path: &Path, what: &str) -> Result<Value> {
     })
 }
 
-async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode> {
-    check_name(&args.name)?;
-    let schema_doc = read_json(&args.schema, "board schema")?;
-    let schema = StateSchema::compile_all(schema_doc.clone()).map_err(|defects| {
+/// The board schema of `path`, compiled; every defect with its pointer in the file.
+fn board_schema(path: &Path) -> Result<(Value, StateSchema)> {
+    let document = read_json(path, "board schema")?;
+    let schema = StateSchema::compile_all(document.clone()).map_err(|defects| {
         let lines: Vec<String> = defects
             .iter()
             .map(|d| {
                 format!(
                     "  {} at {}: {}",
-                    args.schema.display(),
+                    path.display(),
                     skillstate_core::json::pointer_for_humans(&d.pointer, "schema"),
                     d.message
                 )
@@ -104,6 +132,12 @@ async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode>
             .collect();
         anyhow::anyhow!("the board schema is not usable:\n{}", lines.join("\n"))
     })?;
+    Ok((document, schema))
+}
+
+async fn create(db: &str, config: &Config, args: CreateArgs) -> Result<ExitCode> {
+    check_name(&args.name)?;
+    let (schema_doc, schema) = board_schema(&args.schema)?;
     let (initial, origin) = match &args.init {
         Some(path) => (
             read_json(path, "initial state")?,
@@ -195,11 +229,31 @@ async fn show(db: &str, args: ShowArgs) -> Result<ExitCode> {
     };
     let members = store.board_members(&board.id).await?;
     let from = version.saturating_sub(args.writes).saturating_add(1);
-    let writes = if args.writes == 0 || version == 0 {
+    let mut writes = if args.writes == 0 || version == 0 {
         Vec::new()
     } else {
         store.board_writes(&board.id, from, version).await?
     };
+    // Each version is read with the schema in effect at it; what any schema of the board's
+    // history marks write-only is shown redacted.
+    let schemas = store.board_schemas(&board.id).await?;
+    let schema = schemas
+        .iter()
+        .rev()
+        .find(|s| s.from_version <= version)
+        .map_or(&board.schema, |s| &s.schema);
+    let mut state = state;
+    WriteOnly::of_schema(schema).redact(&mut state);
+    for hider in schemas.iter().map(|s| WriteOnly::of_schema(&s.schema)) {
+        for write in &mut writes {
+            hider.redact_patch(&mut write.patch);
+        }
+    }
+    let schema_changes: Vec<u64> = schemas
+        .iter()
+        .map(|s| s.from_version)
+        .filter(|v| *v > 0)
+        .collect();
     if args.json {
         let shown = serde_json::json!({
             "id": board.id,
@@ -207,6 +261,8 @@ async fn show(db: &str, args: ShowArgs) -> Result<ExitCode> {
             "version": version,
             "latest_version": board.version,
             "state": state,
+            "schema": schema,
+            "schema_changes": schema_changes,
             "members": members,
             "writes": writes,
         });
@@ -231,9 +287,12 @@ async fn show(db: &str, args: ShowArgs) -> Result<ExitCode> {
         outln!();
         let mut table = Table::new(&["VERSION", "AUTHOR", "WROTE", "REBASED", "AT"]);
         for write in writes.iter().rev() {
-            let wrote: Vec<String> = skillstate_core::StatePatch::from_value(&write.patch)
+            let mut wrote: Vec<String> = skillstate_core::StatePatch::from_value(&write.patch)
                 .map(|p| touched(&p).iter().map(ToString::to_string).collect())
                 .unwrap_or_default();
+            if schema_changes.contains(&write.version) {
+                wrote.insert(0, "(new schema)".to_owned());
+            }
             table.row(vec![
                 write.version.to_string(),
                 author_text(&write.author),
@@ -248,4 +307,152 @@ async fn show(db: &str, args: ShowArgs) -> Result<ExitCode> {
         out!("{}", table.render());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A refusal's problem as a line: the migrated board's pointer, or the migration's.
+fn rejection_line(rejection: &Rejection, migration: Option<&Path>) -> String {
+    let place = match (rejection.kind, migration) {
+        (RejectionKind::PatchApply, Some(file)) if rejection.pointer.starts_with('/') => {
+            format!("{} at {}", file.display(), rejection.pointer)
+        }
+        _ => format!(
+            "the migrated board at {}",
+            pointer_for_humans(&rejection.pointer, "board")
+        ),
+    };
+    format!(
+        "[{}] {place}: {}",
+        rejection.kind.as_str(),
+        rejection.message
+    )
+}
+
+async fn upgrade(db: &str, config: &Config, args: UpgradeArgs) -> Result<ExitCode> {
+    let (_, schema) = board_schema(&args.schema)?;
+    let migration = match &args.migration {
+        Some(path) => {
+            let patch = read_json(path, "migration")?;
+            if !patch.is_array() && !patch.is_object() {
+                bail!(
+                    "{}: the migration is neither a JSON Patch (an array of operations) nor a JSON merge patch (an object); write one of the two",
+                    path.display()
+                );
+            }
+            Some(patch)
+        }
+        None => None,
+    };
+    let store = open_store(db, config).await?;
+    let upgrade = BoardUpgrade {
+        board: &args.board,
+        tenant: None,
+        schema: &schema,
+        migration: migration.as_ref(),
+        author: BoardAuthor::Cli,
+        planned_at: args.at,
+        apply: args.apply,
+    };
+    let outcome = upgrade_board(store.as_ref(), &upgrade).await;
+    let shown = |problems: &mut Vec<String>, error: &BoardUpgradeError| match error {
+        BoardUpgradeError::Refused {
+            rejections, scopes, ..
+        } => {
+            problems.extend(
+                rejections
+                    .iter()
+                    .map(|r| rejection_line(r, args.migration.as_deref())),
+            );
+            problems.extend(scopes.iter().map(ToString::to_string));
+        }
+        other => problems.push(other.to_string()),
+    };
+    if args.json {
+        let value = match &outcome {
+            Ok(done) => serde_json::json!({
+                "outcome": if done.applied { "upgraded" } else { "planned" },
+                "upgrade": done,
+            }),
+            Err(error) => {
+                let mut problems = Vec::new();
+                shown(&mut problems, error);
+                let (rejections, scopes) = match error {
+                    BoardUpgradeError::Refused {
+                        rejections, scopes, ..
+                    } => (
+                        serde_json::to_value(rejections)?,
+                        serde_json::to_value(scopes)?,
+                    ),
+                    _ => (Value::Array(Vec::new()), Value::Array(Vec::new())),
+                };
+                serde_json::json!({
+                    "outcome": "refused",
+                    "problems": problems,
+                    "rejections": rejections,
+                    "scopes": scopes,
+                })
+            }
+        };
+        outln!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(if outcome.is_ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    match outcome {
+        Ok(done) => {
+            let members = if done.members.is_empty() {
+                "no members".to_owned()
+            } else {
+                done.members
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let changes = done.diff.as_array().map_or(0, Vec::len);
+            outln!(
+                "board {} ({}) at version {}: the schema of {} ({changes} change(s) to the state; scopes checked: {members})",
+                done.name,
+                done.board,
+                done.planned_at,
+                args.schema.display()
+            );
+            for op in done.diff.as_array().into_iter().flatten() {
+                outln!("  {op}");
+            }
+            if done.applied {
+                outln!(
+                    "upgraded: version {} records the new schema; earlier versions keep theirs (skillstate board show {} --version {})",
+                    done.version,
+                    done.name,
+                    done.planned_at
+                );
+            } else {
+                outln!(
+                    "dry run: nothing was written; --apply --at {} to commit it as version {} (refused if the board moved on)",
+                    done.planned_at,
+                    done.version
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error @ BoardUpgradeError::Refused { .. }) => {
+            let mut problems = Vec::new();
+            shown(&mut problems, &error);
+            let name = match &error {
+                BoardUpgradeError::Refused { name, .. } => name.as_str(),
+                _ => args.board.as_str(),
+            };
+            errln!(
+                "error: board {name} cannot move to the schema of {}; nothing was changed:",
+                args.schema.display()
+            );
+            for problem in problems {
+                errln!("  {problem}");
+            }
+            Ok(ExitCode::FAILURE)
+        }
+        Err(other) => Err(other.into()),
+    }
 }

@@ -13,12 +13,12 @@ use anyhow::{Context, Result};
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use skillstate_core::Skill;
-use skillstate_runtime::{StopLevel, TaskOptions, run_worker};
+use skillstate_runtime::{StopLevel, TaskOptions, presented_tools, run_worker};
 use skillstate_server::{
-    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, ServicePolicy, TaskFactory,
-    check_initial_state, skill_dir,
+    ApiError, AppState, FieldError, ResolvedRequest, ResolvedSkill, ServerConfig, ServicePolicy,
+    TaskFactory, UpgradeTarget, check_initial_state, skill_dir,
 };
-use skillstate_store::NewTask;
+use skillstate_store::{NewTask, TaskRecord};
 
 use super::batch::inputs::{Source, TaskInput};
 use super::batch::submit::prepare_one;
@@ -157,6 +157,7 @@ impl TaskFactory for SkillsFactory {
                 .collect(),
             max_steps: None,
             max_retries: None,
+            skill_version: None,
         };
         let prepared = prepare_one(
             &skill,
@@ -180,6 +181,50 @@ impl TaskFactory for SkillsFactory {
             invalid(&field, message)
         })?;
         Ok((queued.task, queued.initial_state))
+    }
+
+    async fn upgrade_target(
+        &self,
+        task: &TaskRecord,
+        skill: &ResolvedSkill,
+    ) -> Result<UpgradeTarget, ApiError> {
+        let dir = match &skill.dir {
+            Some(dir) => dir.clone(),
+            None => skill_dir(&self.skills, &skill.name)?,
+        };
+        let loaded = Skill::load(&dir)
+            .map_err(|errors| invalid("/skill", format!("skill `{}`: {errors}", skill.name)))?
+            .skill;
+        toolbox::check_skill_paths(loaded.settings(), &self.config).map_err(|e| {
+            invalid(
+                "/skill",
+                format!("skill `{}`: skill.toml: {e:#}", skill.name),
+            )
+        })?;
+        // The tools as the task's world presents them with the new definition.
+        let probe = TaskRecord {
+            skill: loaded.definition.clone(),
+            ..task.clone()
+        };
+        let world = super::world_of_task(&probe, &self.config, false)
+            .await
+            .map_err(|e| {
+                invalid(
+                    "/skill",
+                    format!(
+                        "cannot rebuild the task's world with skill `{}`: {e:#}",
+                        skill.name
+                    ),
+                )
+            })?;
+        let tools = presented_tools(&loaded, world.env.as_ref());
+        world.shutdown().await;
+        let tools =
+            tools.map_err(|e| invalid("/skill", format!("skill `{}`: {e:#}", skill.name)))?;
+        Ok(UpgradeTarget {
+            skill: loaded,
+            tools,
+        })
     }
 }
 

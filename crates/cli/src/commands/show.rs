@@ -184,12 +184,39 @@ async fn show_task(store: &dyn Store, task: &TaskRecord, config: &Config) -> Res
         None => task.status.as_str().to_owned(),
     };
     outln!("task     {}", task.id);
+    let runs = skillstate_runtime::upgrade::version_name(&task.skill, &task.tools);
+    let skill = match runs.version {
+        Some(_) => format!("{} {runs}", task.skill.name),
+        None => task.skill.name.clone(),
+    };
     outln!(
-        "skill    {}  (context {}, model {})",
-        task.skill.name,
+        "skill    {skill}  (context {}, model {})",
         task.context.as_str(),
         task.model
     );
+    // A task that moved between versions: each, with the step it began at.
+    // (A database of an older schema, opened read-only, keeps no history of versions.)
+    let versions = store.task_versions(&task.id).await.unwrap_or_default();
+    if versions.len() > 1 {
+        let each: Vec<String> = versions
+            .iter()
+            .map(|v| {
+                let name = skillstate_runtime::upgrade::VersionName {
+                    hash: v.hash.clone(),
+                    version: v.version.clone(),
+                };
+                format!("{name} from step {}", v.from_step)
+            })
+            .collect();
+        outln!("versions {}", each.join(", "));
+    }
+    if let Some(upgrade) = &task.upgrade_to {
+        outln!(
+            "upgrade  to {} scheduled by {}: committed once the waiting action is settled",
+            &upgrade.hash[..upgrade.hash.len().min(12)],
+            upgrade.author
+        );
+    }
     if let Some((parent, step)) = &task.parent {
         outln!("forked   from {parent} at step {step}");
     }

@@ -65,7 +65,7 @@ pub async fn run(
     for task in &tasks {
         let outcome = upgrade_one(&store, &config, task, &skill, args.apply).await;
         if args.json {
-            outln!("{}", outcome_json(task, &outcome));
+            outln!("{}", outcome_json(task, &outcome, args.apply));
         } else if single {
             print_single(&outcome, args.apply);
         } else {
@@ -181,10 +181,11 @@ fn print_single(outcome: &Result<Upgraded>, apply: bool) {
     }
 }
 
-fn outcome_json(task: &TaskRecord, outcome: &Result<Upgraded>) -> serde_json::Value {
+fn outcome_json(task: &TaskRecord, outcome: &Result<Upgraded>, apply: bool) -> serde_json::Value {
     match outcome {
         Ok(done) => {
-            let outcome = match (done.applied, done.scheduled) {
+            // A dry run of a waiting task is `planned` (its `scheduled` says applying waits).
+            let outcome = match (done.applied, done.scheduled && apply) {
                 (true, _) => "moved",
                 (false, true) => "scheduled",
                 (false, false) => "planned",

@@ -40,6 +40,7 @@ mod schema_scope;
 mod scope;
 mod step;
 mod touch;
+mod upgrade;
 mod write_check;
 
 pub use pointer::Pointer;
@@ -52,4 +53,8 @@ pub use step::{
     mount_is_free, mounted, mounted_view, validate_board_step,
 };
 pub use touch::{Touch, TouchKind, touched, touches};
+pub use upgrade::{
+    BOARD_STATE_TOKENS, BoardMember, BoardUpgradePlan, BoardUpgradeRefusal, MemberScope,
+    ScopeRefusal, plan_board_upgrade, scope_refusals,
+};
 pub use write_check::check_writes;

@@ -134,6 +134,35 @@ impl BoardScope {
         problems
     }
 
+    /// The board scope of an API key from its stored `scopes` (`{"board": {"reads": [...],
+    /// "writes": [...]}}`); `None` for a key without limits. Anything else is refused with why,
+    /// so a limit this build does not understand never grants more.
+    pub fn of_key(scopes: Option<&serde_json::Value>) -> Result<Option<Self>, String> {
+        let Some(scopes) = scopes.filter(|s| !s.is_null()) else {
+            return Ok(None);
+        };
+        let Some(object) = scopes.as_object() else {
+            return Err("its scopes are not a JSON object".into());
+        };
+        if let Some(unknown) = object.keys().find(|k| *k != "board") {
+            return Err(format!(
+                "its scopes hold `{unknown}`, which this build does not know"
+            ));
+        }
+        let Some(board) = object.get("board") else {
+            return Ok(None);
+        };
+        let table = serde_json::from_value(board.clone())
+            .map_err(|e| format!("its board scope is unreadable: {e}"))?;
+        Self::parse(&table).map(Some).map_err(|problems| {
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
     /// `true` when `location` lies within one of the reads.
     pub fn can_read(&self, location: &Pointer) -> bool {
         self.reads.iter().any(|read| location.is_within(read))

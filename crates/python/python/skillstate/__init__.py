@@ -12,6 +12,7 @@ The runtime itself, as a native module (no server needed)::
     task = rt.run(skill, model=my_model, tools={"ship": ship}, input="...")
     task.state; task.steps(); task.state_at(7); task.prompt_at(7)
     rt.resume(task.id, model=my_model, tools={"ship": ship})
+    rt.upgrade(task.id, "skills/warehouse", apply=True)  # to another version of its skill
 
 Runs release the GIL while the runtime waits on the model, tools or the database; ``arun`` and
 ``aresume`` run the same in a worker thread (``asyncio.to_thread``) for asyncio programs.
@@ -34,6 +35,7 @@ from ._native import (
     TaskError,
     Tool,
     ToolError,
+    UpgradeRefused,
     ValidationError,
     Verdict,
     __version__,
@@ -53,6 +55,7 @@ __all__ = [
     "TaskError",
     "Tool",
     "ToolError",
+    "UpgradeRefused",
     "ValidationError",
     "Verdict",
     "__version__",
@@ -97,6 +100,7 @@ def tool(
     parameters: Optional[Mapping[str, Any]] = None,
     side_effect: str = "effectful",
     pass_context: bool = False,
+    needs_approval: bool = False,
 ) -> Any:
     """Declares a Python callable as a tool a task may call.
 
@@ -113,6 +117,10 @@ def tool(
     ``on_unknown_outcome`` decides. With ``pass_context=True`` the function also receives
     ``context={"task_id", "step", "idempotency_key"}`` (the key is the same on every retry of
     a step, for services that deduplicate).
+
+    With ``needs_approval=True`` every call waits for a human: the task pauses
+    (``awaiting_approval``) with the call committed as pending, ``Runtime.approve`` runs it
+    exactly once and ``Runtime.reject`` turns it into an observation with the reason.
     """
 
     def declare(fn: Callable[..., Any]) -> Tool:
@@ -124,6 +132,7 @@ def tool(
             dict(parameters) if parameters is not None else _parameters_of(fn),
             side_effect,
             pass_context,
+            needs_approval,
         )
 
     if function is None:

@@ -17,6 +17,12 @@ class SkillstateError(Exception):
 
 class SkillError(SkillstateError): ...
 class ValidationError(SkillstateError): ...
+
+class UpgradeRefused(ValidationError):
+    rejections: List[Dict[str, str]]
+    task: str
+    to: Dict[str, Optional[str]]
+
 class StoreError(SkillstateError): ...
 class TaskError(SkillstateError): ...
 class ModelError(SkillstateError): ...
@@ -33,6 +39,7 @@ class Tool:
         parameters: Mapping[str, Any],
         side_effect: str = "effectful",
         pass_context: bool = False,
+        needs_approval: bool = False,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -42,6 +49,8 @@ class Tool:
     def parameters(self) -> Dict[str, Any]: ...
     @property
     def side_effect(self) -> str: ...
+    @property
+    def needs_approval(self) -> bool: ...
     @property
     def function(self) -> Callable[..., Any]: ...
     def __call__(self, **kwargs: Any) -> Any: ...
@@ -93,6 +102,8 @@ class Skill:
     ) -> Tuple[str, str]: ...
     @property
     def name(self) -> str: ...
+    @property
+    def version(self) -> Optional[str]: ...
     @property
     def description(self) -> str: ...
     @property
@@ -179,6 +190,22 @@ class Runtime:
         max_steps: Optional[int] = None,
         model_settings: Optional[Mapping[str, Any]] = None,
     ) -> Task: ...
+    def upgrade(
+        self,
+        task_id: str,
+        skill: Union[Skill, str, "os.PathLike[str]"],
+        *,
+        apply: bool = False,
+        author: str = "operator",
+    ) -> Dict[str, Any]:
+        """Moves a task to another version of its skill (dry run unless ``apply``).
+
+        Returns {task, outcome ("moved", "scheduled", "planned"), from, to ({hash, version}),
+        migrations, diff (RFC 6902), step, applied, scheduled}. Raises UpgradeRefused when the
+        migrated state does not fit the new version, TaskError when the task cannot move now.
+        """
+    def skills(self) -> List[Dict[str, Any]]:
+        """The stored skill versions: name, version, hash, tasks, former_tasks, bytes, created_at."""
     def task(self, task_id: str) -> Task: ...
     def close(self) -> None:
         """Closes the database and returns once this process no longer uses it."""

@@ -538,8 +538,8 @@ async function taskPage(main, id, params, signal) {
     const open = new Set([...timelineBody.querySelectorAll('tr.detail')].map((row) => row.dataset.step));
     timelineBody.replaceChildren();
     for (const step of page.steps) {
-      const row = stepRow(step);
-      timelineBody.append(row);
+      timelineBody.append(stepRow(step));
+      const row = timelineBody.lastElementChild;
       if (open.has(String(step.step))) toggleStep(row, step.step);
     }
     if (!page.steps.length) timelineBody.append(el('tr', null, el('td', { colspan: 9, class: 'muted' }, 'No steps yet.')));
@@ -550,9 +550,16 @@ async function taskPage(main, id, params, signal) {
       el('span', { class: 'muted' }, page.steps.length ? 'steps ' + page.steps[0].step + '–' + page.steps[page.steps.length - 1].step + ' of ' + task.version : ''),
       page.next_cursor ? el('button', { type: 'button', id: 'steps-next', onclick: () => { cursors.push(currentCursor); loadSteps(page.next_cursor); } }, 'Next steps →') : null);
   };
+  // The version a step began (an upgrade), and the one before it.
+  const upgradeAt = (n) => {
+    const versions = task.skill_versions || [];
+    const at = versions.findIndex((v) => v.from_step === n);
+    return at > 0 ? { from: versions[at - 1], to: versions[at] } : null;
+  };
   const stepRow = (step) => {
     const toggle = el('button', { type: 'button', class: 'step-toggle', 'aria-expanded': 'false', 'aria-label': 'Details of step ' + step.step }, '▸');
-    const row = el('tr', { class: 'step ' + step.verdict, dataset: { step: String(step.step) } },
+    const upgrade = upgradeAt(step.step);
+    const row = el('tr', { class: 'step ' + step.verdict + (upgrade ? ' upgrade' : ''), dataset: { step: String(step.step) } },
       el('td', null, toggle),
       el('td', { class: 'num' }, String(step.step)),
       el('td', null, step.verdict + (step.answers > 1 ? ' (' + step.answers + ' answers)' : '')),
@@ -563,7 +570,15 @@ async function taskPage(main, id, params, signal) {
       el('td', { class: 'mono' }, step.author || 'model'),
       el('td', { title: step.created_at }, String(step.created_at).slice(11, 19)));
     toggle.addEventListener('click', () => toggleStep(row, step.step));
-    return row;
+    if (!upgrade) return row;
+    // The version boundary: the steps above ran the old version, this one and those below
+    // the new (its detail shows the migration's diff).
+    const boundary = el('tr', { class: 'version-boundary', dataset: { step: String(step.step) } },
+      el('td', { colspan: 9 }, 'Skill upgraded: ', el('span', { class: 'mono' }, versionText(upgrade.from)), ' → ',
+        el('span', { class: 'mono' }, versionText(upgrade.to))));
+    const rows = document.createDocumentFragment();
+    rows.append(boundary, row);
+    return rows;
   };
   const toggleStep = (row, step) => {
     const next = row.nextElementSibling;
@@ -631,7 +646,8 @@ async function taskPage(main, id, params, signal) {
     head.replaceChildren(
       el('h1', null, 'Task ', el('span', { class: 'mono', id: 'task-id' }, task.id), ' ', el('span', { id: 'task-status' }, badge(task.status))),
       el('dl', { class: 'meta' },
-        el('dt', null, 'skill'), el('dd', null, task.skill),
+        el('dt', null, 'skill'), el('dd', { id: 'task-skill' }, task.skill + ' ' + versionText(task.skill_version)),
+        task.upgrade_scheduled ? [el('dt', { class: 'first' }, 'upgrade'), el('dd', { class: 'wide', id: 'task-upgrade' }, 'scheduled to ' + String(task.upgrade_scheduled).slice(0, 12) + ': it is committed once the waiting action is settled')] : null,
         el('dt', null, 'model'), el('dd', null, task.model),
         el('dt', null, 'context'), el('dd', null, task.context),
         el('dt', null, 'steps'), el('dd', { id: 'task-steps' }, String(task.version)),
@@ -756,7 +772,13 @@ async function stepDetail(base, step, showStateAt) {
   if (detail.observation !== null && detail.observation !== undefined) {
     box.append(el('h3', null, 'Observation'), el('pre', { class: 'observation' }, detail.observation));
   }
-  if (accepted) {
+  const upgrade = accepted && accepted.author ? upgradeOf(accepted.output) : null;
+  if (upgrade) {
+    box.append(el('h3', null, 'Skill upgrade'),
+      el('p', { class: 'upgrade-line' }, versionText(upgrade.from), ' → ', versionText(upgrade.to),
+        upgrade.migrations && upgrade.migrations.length ? ', migrations from ' + upgrade.migrations.join(', ') : ', the state kept as it was',
+        ', by ' + accepted.author));
+  } else if (accepted) {
     box.append(el('h3', null, 'Answer (accepted, attempt ' + accepted.attempt + ')'), el('pre', { class: 'answer' }, accepted.output));
     box.append(el('p', { class: 'muted' }, tokenLine(accepted)));
   }
@@ -808,6 +830,24 @@ async function stepDetail(base, step, showStateAt) {
     after !== undefined ? el('button', { type: 'button', class: 'show-state', onclick: () => showStateAt(step) }, 'State after this step') : null),
   promptBox);
   return box;
+}
+
+// A skill version as the page names it: skill.toml's version and the hash's first digits.
+function versionText(version) {
+  if (!version) return '';
+  const hash = String(version.hash || '').slice(0, 12);
+  return version.version ? version.version + ' (' + hash + ')' : hash;
+}
+
+// The upgrade an accepted answer records (a step an operator or API key wrote to move the
+// task to another version of its skill), or null.
+function upgradeOf(output) {
+  try {
+    const parsed = JSON.parse(output);
+    return isObject(parsed) && isObject(parsed.upgrade) && parsed.upgrade.to ? parsed.upgrade : null;
+  } catch (_) {
+    return null;
+  }
 }
 
 function tokenLine(answer) {

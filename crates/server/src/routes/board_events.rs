@@ -28,7 +28,6 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::response::sse::Event;
 use serde::Serialize;
-use serde_json::Value;
 use skillstate_store::{BoardWriteRecord, Store, StoreError};
 use tokio::sync::watch;
 use utoipa::ToSchema;
@@ -44,7 +43,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, Problem};
-use crate::views::{BoardWriteView, board_hides_values, shown_patch};
+use crate::views::{BoardHistory, BoardWriteView};
 
 /// The SSE `event` name of a board write.
 pub const WRITE_EVENT: &str = "write";
@@ -142,7 +141,10 @@ pub async fn board_events(
     let mut feed = Feed {
         store: state.store.clone(),
         board: board.id.clone(),
-        shown: Shown::of(&caller, &board.schema),
+        shown: Shown::of(
+            &caller,
+            BoardHistory::of(state.store.as_ref(), &board.id).await?,
+        ),
         after,
         pending: VecDeque::new(),
         read_again: false,
@@ -190,19 +192,22 @@ fn first_version(
 
 /// What a caller is shown of each write.
 enum Shown {
-    /// The journal's row, its write-only values redacted (`schema`: the board's).
-    Write { schema: Value, show_hash: bool },
+    /// The journal's row, its write-only values redacted by every schema the board had.
+    Write {
+        history: BoardHistory,
+        show_hash: bool,
+    },
     /// The version only (a key limited to board pointers).
     Version,
 }
 
 impl Shown {
-    fn of(caller: &Caller, schema: &Value) -> Self {
+    fn of(caller: &Caller, history: BoardHistory) -> Self {
         match caller.scope {
             Some(_) => Shown::Version,
             None => Shown::Write {
-                schema: schema.clone(),
-                show_hash: !board_hides_values(schema),
+                show_hash: !history.hides_values(),
+                history,
             },
         }
     }
@@ -293,9 +298,9 @@ impl Feed {
 
     fn event_of(&self, write: BoardWriteRecord) -> Event {
         let shown = match &self.shown {
-            Shown::Write { schema, show_hash } => Some(BoardWriteView::of(
+            Shown::Write { history, show_hash } => Some(BoardWriteView::of(
                 &write,
-                shown_patch(schema, write.patch.clone()),
+                history.patch(write.patch.clone()),
                 *show_hash,
             )),
             Shown::Version => None,

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use skillstate_core::board::{BoardScope, Pointer, check_writes, project, project_schema, rebase};
+use skillstate_core::board::{Pointer, check_writes, project, project_schema, rebase};
 use skillstate_core::validate::validate_patch;
 use skillstate_core::{StatePatch, StateSchema};
 use skillstate_store::{
@@ -30,13 +30,12 @@ use crate::auth::Caller;
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{
-    BoardList, BoardListItem, BoardView, BoardWritePage, BoardWriteView, CreateBoardRequest,
-    board_hides_values, shown_patch, shown_state,
+    BoardHistory, BoardList, BoardListItem, BoardView, BoardWritePage, BoardWriteView,
+    CreateBoardRequest, shown_state,
 };
 
-/// The state budget of a board write, in tokens: boards are shared documents, not one prompt,
-/// so the budget only stops runaway growth (the body limit bounds each write).
-pub const BOARD_STATE_TOKENS: usize = 1_000_000;
+/// The state budget of a board write (core's, which a schema change checks too).
+pub use skillstate_core::board::BOARD_STATE_TOKENS;
 
 /// How often a write whose board moved between its read and its commit is tried again before
 /// the caller is told to retry.
@@ -57,7 +56,7 @@ impl ApiError {
 
 /// The board `id` if the caller's tenant owns it; a missing board, a malformed id and another
 /// tenant's board (or one created outside the service) are the same 404.
-pub(super) async fn owned_board(
+pub(crate) async fn owned_board(
     state: &AppState,
     caller: &Caller,
     id: &str,
@@ -625,10 +624,12 @@ pub async fn list_board_writes(
     };
     let more = writes.len() > limit as usize;
     writes.truncate(limit as usize);
-    let show_hash = !board_hides_values(&board.schema);
+    // Patches of earlier versions: hidden by every schema the board had.
+    let history = BoardHistory::of(state.store.as_ref(), &board.id).await?;
+    let show_hash = !history.hides_values();
     let views: Vec<BoardWriteView> = writes
         .iter()
-        .map(|w| BoardWriteView::of(w, shown_patch(&board.schema, w.patch.clone()), show_hash))
+        .map(|w| BoardWriteView::of(w, history.patch(w.patch.clone()), show_hash))
         .collect();
     let next_after = if more {
         views.last().map(|w| w.version)
@@ -674,43 +675,19 @@ pub async fn board_state_at_version(
     })?;
     let board = owned_board(&state, &caller, &id).await?;
     match board_state_at(state.store.as_ref(), &board.id, version).await {
-        Ok(at) => Ok(axum::Json(visible(&caller, &board.schema, at))),
+        Ok(at) => {
+            // An earlier version: hidden by every schema the board had.
+            let history = BoardHistory::of(state.store.as_ref(), &board.id).await?;
+            let at = match &caller.scope {
+                Some(scope) => project(&at, scope),
+                None => at,
+            };
+            Ok(axum::Json(shown_state(&board.schema, history.state(at))))
+        }
         Err(StoreError::NoSuchBoardVersion { current, .. }) => Err(ApiError::not_found(format!(
             "version {version} does not exist: the board has {current} writes"
         ))),
         Err(StoreError::NoSuchBoard(_)) => Err(ApiError::no_board(&id)),
         Err(other) => Err(other.into()),
     }
-}
-
-/// A key's board scope from its stored `scopes` (`{"board": {"reads": [...], "writes":
-/// [...]}}`); `None` for a key without limits. Anything else is refused, so a limit this
-/// server does not understand never grants more.
-pub(crate) fn key_scope(scopes: Option<&Value>) -> Result<Option<BoardScope>, String> {
-    let Some(scopes) = scopes else {
-        return Ok(None);
-    };
-    if scopes.is_null() {
-        return Ok(None);
-    }
-    let Some(object) = scopes.as_object() else {
-        return Err("its scopes are not a JSON object".into());
-    };
-    if let Some(unknown) = object.keys().find(|k| *k != "board") {
-        return Err(format!(
-            "its scopes hold `{unknown}`, which this server does not know"
-        ));
-    }
-    let Some(board) = object.get("board") else {
-        return Ok(None);
-    };
-    let table = serde_json::from_value(board.clone())
-        .map_err(|e| format!("its board scope is unreadable: {e}"))?;
-    BoardScope::parse(&table).map(Some).map_err(|problems| {
-        problems
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
 }

@@ -3,6 +3,7 @@
 
 pub mod batches;
 pub mod board_events;
+pub mod board_upgrade;
 pub mod boards;
 pub mod events;
 pub mod inbox;
@@ -12,6 +13,7 @@ pub mod provenance;
 pub mod recall;
 pub mod state;
 pub mod tasks;
+pub mod upgrade;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -29,6 +31,34 @@ use crate::problem::ApiError;
 /// else is never passed to the store, whose lookups also accept id prefixes.
 pub(crate) fn is_task_id(id: &str) -> bool {
     uuid::Uuid::try_parse(id).is_ok_and(|uuid| uuid.hyphenated().to_string() == id)
+}
+
+/// The id of `POST /v1/{kind}s/{id}:upgrade` (the one custom method of tasks and boards), from
+/// the path parameter that holds both (the router cannot end a parameter with a suffix).
+/// Another method is a 404 naming the one there is; no method at all is a 405 (`allow`: the
+/// methods the plain path takes).
+pub(crate) fn upgrade_target_id<'a>(
+    param: &'a str,
+    kind: &str,
+    allow: &'static str,
+) -> Result<&'a str, Box<axum::response::Response>> {
+    use axum::response::IntoResponse;
+    match param.rsplit_once(':') {
+        Some((id, "upgrade")) => Ok(id),
+        Some((_, method)) => Err(Box::new(
+            ApiError::not_found(format!(
+                "{kind}s have no method `{method}`; POST /v1/{kind}s/{{id}}:upgrade is the one there is"
+            ))
+            .into_response(),
+        )),
+        None => Err(Box::new(
+            (
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                [(axum::http::header::ALLOW, allow)],
+            )
+                .into_response(),
+        )),
+    }
 }
 
 /// The task `id` if the caller's tenant owns it; a missing task, a malformed id and another

@@ -302,12 +302,30 @@ async fn batch_of(
 /// work deadline (environment set-up and state checks may compute at length).
 async fn prepare(state: &AppState, request: ResolvedRequest) -> Result<(NewTask, Value), ApiError> {
     let factory = state.factory.clone();
-    state
+    let pin = request.skill_version.clone();
+    let (task, initial) = state
         .offload
         .run("preparing the task", async move {
             factory.prepare(&request).await
         })
-        .await?
+        .await??;
+    if let Some(pin) = pin {
+        let built = skillstate_runtime::upgrade::version_name(&task.skill, &task.tools);
+        if !crate::factory::pin_names(&pin, &built) {
+            return Err(ApiError::invalid(
+                format!("the server's skill is not version `{pin}`"),
+                vec![FieldError::new(
+                    "skill_version",
+                    "/skill_version",
+                    format!(
+                        "the server's skill `{}` is {built}, not `{pin}`: pin {built} (or drop skill_version), or ask the operator for the version you wrote for",
+                        task.skill.name
+                    ),
+                )],
+            ));
+        }
+    }
+    Ok((task, initial))
 }
 
 /// Stores a prepared task for the caller's tenant; a replayed key must name the same skill and
@@ -511,7 +529,10 @@ pub(crate) async fn task_view(state: &AppState, task: &TaskRecord) -> Result<Tas
         .task_totals(std::slice::from_ref(&task.id))
         .await?;
     let totals = Totals::of(totals.get(&task.id), state.prices.get(&task.model));
-    Ok(TaskView::of(task).with_totals(totals))
+    let versions = state.store.task_versions(&task.id).await?;
+    Ok(TaskView::of(task)
+        .with_totals(totals)
+        .with_versions(versions))
 }
 
 /// A task a create returns: one made now has no answer yet; a replayed one is read whole.

@@ -58,17 +58,49 @@ pub(crate) fn shown_state(schema: &Value, mut state: Value) -> Value {
     state
 }
 
-/// `patch` (a write of a document whose schema is `schema`) with its write-only values
-/// replaced: a board's journal shows its patches so.
-pub(crate) fn shown_patch(schema: &Value, mut patch: Value) -> Value {
-    write_only_of(schema).redact_patch(&mut patch);
-    patch
+/// What is shown of a board's history (earlier versions' states, its journal's patches, its
+/// event stream): the write-only locations of every schema the board ever had, so a value a
+/// schema hid stays hidden in the history whatever later schemas say. Its current state is
+/// shown with its current schema.
+#[derive(Clone)]
+pub(crate) struct BoardHistory {
+    schemas: Vec<Arc<WriteOnly>>,
 }
 
-/// Whether `schema` marks anything write-only: then hashes of its states are withheld (a
-/// short secret could be found by hashing guesses).
-pub(crate) fn board_hides_values(schema: &Value) -> bool {
-    !write_only_of(schema).is_empty()
+impl BoardHistory {
+    /// For `board` (its id), read from the store.
+    pub(crate) async fn of(
+        store: &dyn Store,
+        board: &str,
+    ) -> Result<Self, skillstate_store::StoreError> {
+        let schemas = store
+            .board_schemas(board)
+            .await?
+            .iter()
+            .map(|record| write_only_of(&record.schema))
+            .collect();
+        Ok(Self { schemas })
+    }
+
+    /// Whether any schema of the history marks anything write-only: then hashes of its states
+    /// are withheld.
+    pub(crate) fn hides_values(&self) -> bool {
+        self.schemas.iter().any(|w| !w.is_empty())
+    }
+
+    pub(crate) fn state(&self, mut state: Value) -> Value {
+        for write_only in &self.schemas {
+            write_only.redact(&mut state);
+        }
+        state
+    }
+
+    pub(crate) fn patch(&self, mut patch: Value) -> Value {
+        for write_only in &self.schemas {
+            write_only.redact_patch(&mut patch);
+        }
+        patch
+    }
 }
 
 /// One task's write-only locations and the write-only values seen in its history.

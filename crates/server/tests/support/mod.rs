@@ -21,10 +21,10 @@ use skillstate_core::Skill;
 use skillstate_core::skill::EnvironmentSettings;
 use skillstate_envs::oracle::OracleModel;
 use skillstate_providers::ModelProvider;
-use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task};
+use skillstate_runtime::{NoProgress, Runner, TaskOptions, prepare_task, presented_tools};
 use skillstate_server::{
-    ApiError, AppState, FieldError, ResolvedRequest, ServerConfig, TaskFactory,
-    check_initial_state, hash_secret, new_key_secret, skill_dir,
+    ApiError, AppState, FieldError, ResolvedRequest, ResolvedSkill, ServerConfig, TaskFactory,
+    UpgradeTarget, check_initial_state, hash_secret, new_key_secret, skill_dir,
 };
 use skillstate_store::{
     NewKey, NewTask, PostgresStore, SqliteStore, Store, Synchronous, TaskRecord,
@@ -104,6 +104,66 @@ impl TaskFactory for EnvFactory {
         task: &TaskRecord,
     ) -> Result<Option<Box<dyn Environment>>, ApiError> {
         Ok(world_of(task))
+    }
+
+    async fn upgrade_target(
+        &self,
+        task: &TaskRecord,
+        skill: &ResolvedSkill,
+    ) -> Result<UpgradeTarget, ApiError> {
+        let dir = match &skill.dir {
+            Some(dir) => dir.clone(),
+            None => skill_dir(&self.skills_dir, &skill.name)?,
+        };
+        let loaded = Skill::load(&dir)
+            .map_err(|errors| invalid("/skill", errors.to_string()))?
+            .skill;
+        let probe = TaskRecord {
+            skill: loaded.definition.clone(),
+            ..task.clone()
+        };
+        let env = world_of(&probe)
+            .ok_or_else(|| invalid("/skill", "the task has no built-in environment".into()))?;
+        let tools = presented_tools(&loaded, env.as_ref())
+            .map_err(|error| invalid("/skill", error.to_string()))?;
+        Ok(UpgradeTarget {
+            skill: loaded,
+            tools,
+        })
+    }
+}
+
+/// Writes the shipped warehouse skill into `skills/warehouse` at `version` (skill.toml), its
+/// shelves kept under `field`, with `migration` (named by the version it starts from) when
+/// given: a skills directory as an operator deploys one version after another.
+pub fn deploy_warehouse(
+    skills: &Path,
+    version: &str,
+    field: &str,
+    migration: Option<(&str, Value)>,
+) {
+    let source = skills_dir().join("warehouse");
+    let dir = skills.join("warehouse");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("migrations")).unwrap();
+    std::fs::copy(source.join("SKILL.md"), dir.join("SKILL.md")).unwrap();
+    let toml = std::fs::read_to_string(source.join("skill.toml")).unwrap();
+    std::fs::write(
+        dir.join("skill.toml"),
+        format!("version = \"{version}\"\n{toml}"),
+    )
+    .unwrap();
+    let rename = |text: String| text.replace("\"inventory\"", &format!("\"{field}\""));
+    for file in ["state.schema.json", "state.init.json"] {
+        let text = std::fs::read_to_string(source.join(file)).unwrap();
+        std::fs::write(dir.join(file), rename(text)).unwrap();
+    }
+    if let Some((from, patch)) = migration {
+        std::fs::write(
+            dir.join("migrations").join(format!("{from}.json")),
+            patch.to_string(),
+        )
+        .unwrap();
     }
 }
 

@@ -10,8 +10,8 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 use super::PostgresStore;
 use crate::board_rows::{
-    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, snapshot_from_row,
-    summary_from_row, write_from_row,
+    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, schema_from_row,
+    snapshot_from_row, summary_from_row, write_from_row,
 };
 use crate::boards::*;
 use crate::model::{NewTask, StepCommit, TaskRecord};
@@ -21,20 +21,24 @@ use crate::{Result, StoreError, now_millis};
 
 /// The board write of [`Boards::commit_board_write`] on `conn` (inside the caller's
 /// transaction), with the new state's snapshot when the new version is a multiple of
-/// `snapshot_every`: `BoardMoved` or `NoSuchBoard` when refused, and then nothing was written.
+/// `snapshot_every`, and with `schema` in effect from the new version when given
+/// ([`Boards::commit_board_schema`]): `BoardMoved` or `NoSuchBoard` when refused, and then
+/// nothing was written.
 async fn write_board(
     conn: &mut PgConnection,
     board: &str,
     expected_version: u64,
     write: &BoardWrite,
     snapshot_every: u64,
+    schema: Option<&Value>,
 ) -> Result<u64> {
     let next = expected_version + 1;
     let now = now_millis();
     let row = WriteRow::new(write);
     let state = to_json(&write.new_state);
+    let schema = schema.map(to_json);
     let updated = sqlx::query(
-        "UPDATE boards SET state = $1, version = $2, state_hash = $3, updated_at = $4 WHERE id = $5 AND version = $6",
+        "UPDATE boards SET state = $1, version = $2, state_hash = $3, updated_at = $4, schema = COALESCE($7, schema) WHERE id = $5 AND version = $6",
     )
     .bind(&state)
     .bind(next as i64)
@@ -42,6 +46,7 @@ async fn write_board(
     .bind(now)
     .bind(board)
     .bind(expected_version as i64)
+    .bind(&schema)
     .execute(&mut *conn)
     .await?;
     if updated.rows_affected() != 1 {
@@ -77,6 +82,16 @@ async fn write_board(
             .bind(&state)
             .execute(&mut *conn)
             .await?;
+    }
+    if let Some(schema) = &schema {
+        sqlx::query(
+            "INSERT INTO board_schemas (board_id, from_version, schema) VALUES ($1, $2, $3)",
+        )
+        .bind(board)
+        .bind(next as i64)
+        .bind(schema)
+        .execute(&mut *conn)
+        .await?;
     }
     Ok(next)
 }
@@ -139,6 +154,7 @@ impl PostgresStore {
             expected_board_version,
             write,
             self.snapshot_every,
+            None,
         )
         .await?;
         // The member's board write, indexed with its step (recall_rows.rs).
@@ -172,6 +188,8 @@ impl Boards for PostgresStore {
             updated_at: now,
         };
         let state = to_json(&record.state);
+        let schema = to_json(&record.schema);
+        let mut tx = self.pool.begin().await?;
         // Two racing creates of one name: the unique index lets one in, the other inserts
         // nothing.
         let inserted = sqlx::query(
@@ -181,15 +199,23 @@ impl Boards for PostgresStore {
         .bind(&record.id)
         .bind(&record.name)
         .bind(&record.tenant)
-        .bind(to_json(&record.schema))
+        .bind(&schema)
         .bind(&state)
         .bind(&record.state_hash)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() != 1 {
             return Err(StoreError::BoardExists { name: record.name });
         }
+        sqlx::query(
+            "INSERT INTO board_schemas (board_id, from_version, schema) VALUES ($1, 0, $2)",
+        )
+        .bind(&record.id)
+        .bind(&schema)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(record)
     }
 
@@ -234,10 +260,64 @@ impl Boards for PostgresStore {
         write: &BoardWrite,
     ) -> Result<u64> {
         let mut tx = self.pool.begin().await?;
-        let version =
-            write_board(&mut tx, board, expected_version, write, self.snapshot_every).await?;
+        let version = write_board(
+            &mut tx,
+            board,
+            expected_version,
+            write,
+            self.snapshot_every,
+            None,
+        )
+        .await?;
         tx.commit().await?;
         Ok(version)
+    }
+
+    async fn commit_board_schema(
+        &self,
+        board: &str,
+        expected_version: u64,
+        write: &BoardWrite,
+        schema: &Value,
+    ) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let version = write_board(
+            &mut tx,
+            board,
+            expected_version,
+            write,
+            self.snapshot_every,
+            Some(schema),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+
+    async fn board_schemas(&self, board: &str) -> Result<Vec<BoardSchemaRecord>> {
+        let current: Option<String> = sqlx::query_scalar("SELECT schema FROM boards WHERE id = $1")
+            .bind(board)
+            .fetch_optional(&self.pool)
+            .await?;
+        let current = current.ok_or_else(|| StoreError::NoSuchBoard(board.to_owned()))?;
+        // A database opened read-only before schema 14 has no history: one schema, from 0.
+        let has_history: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass('board_schemas')::text")
+                .fetch_one(&self.pool)
+                .await?;
+        if has_history.is_none() {
+            return Ok(vec![BoardSchemaRecord {
+                from_version: 0,
+                schema: decode(&format!("schema of board {board}"), &current)?,
+            }]);
+        }
+        let rows = sqlx::query(
+            "SELECT from_version, schema FROM board_schemas WHERE board_id = $1 ORDER BY from_version",
+        )
+        .bind(board)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| schema_from_row(board, row)).collect()
     }
 
     async fn commit_step_with_board(

@@ -17,43 +17,47 @@ use crate::{Result, StoreError, now_millis};
 #[async_trait]
 impl Inbox for PostgresStore {
     async fn post_message(&self, task: &str, message: &NewMessage) -> Result<MessageRecord> {
-        let now = now_millis();
-        let mut tx = self.pool.begin().await?;
-        let queued =
-            sqlx::query("UPDATE tasks SET queue = 'queued', not_before = NULL WHERE id = $1")
+        self.pool
+            .unit(|| async move {
+                let now = now_millis();
+                let mut tx = self.pool.begin().await?;
+                let queued =
+                    sqlx::query("UPDATE tasks SET queue = 'queued', not_before = NULL WHERE id = $1")
+                        .bind(task)
+                        .execute(&mut *tx)
+                        .await?;
+                if queued.rows_affected() == 0 {
+                    return Err(StoreError::NotFound(task.to_owned()));
+                }
+                let id: i64 = sqlx::query_scalar(
+                    "INSERT INTO inbox (task_id, kind, text, author, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                )
                 .bind(task)
-                .execute(&mut *tx)
+                .bind(message.kind.as_str())
+                .bind(&message.text)
+                .bind(&message.author)
+                .bind(now)
+                .fetch_one(&mut *tx)
                 .await?;
-        if queued.rows_affected() == 0 {
-            return Err(StoreError::NotFound(task.to_owned()));
-        }
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO inbox (task_id, kind, text, author, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
-        )
-        .bind(task)
-        .bind(message.kind.as_str())
-        .bind(&message.text)
-        .bind(&message.author)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        insert_events(
-            &mut tx,
-            task,
-            vec![("message", None, message_event_data(id, message))],
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(MessageRecord {
-            id,
-            task_id: task.to_owned(),
-            kind: message.kind,
-            text: message.text.clone(),
-            author: message.author.clone(),
-            created_at: now,
-            delivered_step: None,
-        })
+                insert_events(
+                    &mut tx,
+                    task,
+                    vec![("message", None, message_event_data(id, message))],
+                    now,
+                )
+                .await?;
+                super::db::commit(tx).await?;
+                Ok(MessageRecord {
+                    id,
+                    task_id: task.to_owned(),
+                    kind: message.kind,
+                    text: message.text.clone(),
+                    author: message.author.clone(),
+                    created_at: now,
+                    delivered_step: None,
+            })
+            })
+            .await
     }
 
     async fn pending_messages(&self, task: &str) -> Result<Vec<MessageRecord>> {
@@ -83,52 +87,56 @@ impl Inbox for PostgresStore {
         observation: Option<&str>,
         ids: &[i64],
     ) -> Result<()> {
-        let now = now_millis();
-        let mut tx = self.pool.begin().await?;
-        let marked = sqlx::query(
-            "UPDATE inbox SET delivered_step = $1 WHERE id = ANY($2) AND task_id = $3 AND delivered_step IS NULL",
-        )
-        .bind(step as i64)
-        .bind(ids)
-        .bind(task)
-        .execute(&mut *tx)
-        .await?;
-        if marked.rows_affected() != ids.len() as u64 {
-            return Err(not_waiting(task, step));
-        }
-        if let Some(text) = observation {
-            sqlx::query(
-                "INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3) \
-                 ON CONFLICT (task_id, step) DO UPDATE SET text = excluded.text",
-            )
-            .bind(task)
-            .bind(step as i64)
-            .bind(text)
-            .execute(&mut *tx)
-            .await?;
-            let reopened = sqlx::query(
-                "UPDATE tasks SET status = 'running', outcome = NULL, updated_at = $1 \
-                 WHERE id = $2 AND status IN ('completed', 'failed')",
-            )
-            .bind(now)
-            .bind(task)
-            .execute(&mut *tx)
-            .await?;
-            if reopened.rows_affected() == 1 {
-                insert_events(
-                    &mut tx,
-                    task,
-                    vec![(
-                        "status",
-                        None,
-                        r#"{"status":"running","outcome":null}"#.to_owned(),
-                    )],
-                    now,
+        self.pool
+            .unit(|| async move {
+                let now = now_millis();
+                let mut tx = self.pool.begin().await?;
+                let marked = sqlx::query(
+                    "UPDATE inbox SET delivered_step = $1 WHERE id = ANY($2) AND task_id = $3 AND delivered_step IS NULL",
                 )
+                .bind(step as i64)
+                .bind(ids)
+                .bind(task)
+                .execute(&mut *tx)
                 .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(())
+                if marked.rows_affected() != ids.len() as u64 {
+                    return Err(not_waiting(task, step));
+                }
+                if let Some(text) = observation {
+                    sqlx::query(
+                        "INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3) \
+                         ON CONFLICT (task_id, step) DO UPDATE SET text = excluded.text",
+                    )
+                    .bind(task)
+                    .bind(step as i64)
+                    .bind(text)
+                    .execute(&mut *tx)
+                    .await?;
+                    let reopened = sqlx::query(
+                        "UPDATE tasks SET status = 'running', outcome = NULL, updated_at = $1 \
+                         WHERE id = $2 AND status IN ('completed', 'failed')",
+                    )
+                    .bind(now)
+                    .bind(task)
+                    .execute(&mut *tx)
+                    .await?;
+                    if reopened.rows_affected() == 1 {
+                        insert_events(
+                            &mut tx,
+                            task,
+                            vec![(
+                                "status",
+                                None,
+                                r#"{"status":"running","outcome":null}"#.to_owned(),
+                            )],
+                            now,
+                        )
+                        .await?;
+                    }
+                }
+                super::db::commit(tx).await?;
+                Ok(())
+            })
+            .await
     }
 }

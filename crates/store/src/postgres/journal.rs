@@ -154,6 +154,63 @@ async fn complete_intent(
 }
 
 impl PostgresStore {
+    /// Runs a step's commit (`attempt` begins the transaction and commits it) as one unit
+    /// (`Db::checked_unit`): when the answer to its `COMMIT` was lost, the journal says whether
+    /// it was recorded, and only a step that was not runs again (its version check would refuse
+    /// a second one anyway).
+    pub(super) async fn step_unit<F, Fut>(
+        &self,
+        task: &str,
+        commit: &StepCommit,
+        attempt: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        self.pool
+            .checked_unit(attempt, || self.holds_entry(task, &commit.entry))
+            .await
+    }
+
+    /// Whether an action's result is recorded: its intent is done with this result.
+    pub(super) async fn holds_result(&self, task: &str, result: &ActionResult) -> Result<bool> {
+        let found: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM intents WHERE task_id = $1 AND step = $2 AND status = 'done' AND result = $3",
+        )
+        .bind(task)
+        .bind(result.step as i64)
+        .bind(&result.result)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// Whether `task` has `status`.
+    pub(super) async fn has_status(&self, task: &str, status: TaskStatus) -> Result<bool> {
+        let found: Option<String> = sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
+            .bind(task)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(found.as_deref() == Some(status.as_str()))
+    }
+
+    /// Whether the journal holds `entry` (its step and attempt, written at the same
+    /// millisecond with the same answer).
+    pub(super) async fn holds_entry(&self, task: &str, entry: &JournalEntry) -> Result<bool> {
+        let found: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM journal WHERE task_id = $1 AND step = $2 AND attempt = $3 AND created_at = $4 AND output = $5",
+        )
+        .bind(task)
+        .bind(entry.step as i64)
+        .bind(i64::from(entry.attempt))
+        .bind(entry.created_at)
+        .bind(&entry.output)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(found.is_some())
+    }
+
     /// `Journal::commit_step` in `tx`, which may have checked something first (a lease).
     pub(super) async fn commit_step_in(
         &self,
@@ -270,7 +327,7 @@ impl PostgresStore {
             events.push(("status", next, data));
         }
         insert_events(&mut tx, task, events, now).await?;
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok(())
     }
 }
@@ -291,7 +348,7 @@ pub(super) async fn record_rejection_in(
         .execute(&mut *tx)
         .await?;
     insert_events(&mut tx, task, vec![("rejected", None, event)], now).await?;
-    tx.commit().await?;
+    super::db::commit(tx).await?;
     Ok(())
 }
 
@@ -310,7 +367,7 @@ pub(super) async fn record_action_result_in(
         now,
     )
     .await?;
-    tx.commit().await?;
+    super::db::commit(tx).await?;
     Ok(())
 }
 
@@ -339,15 +396,22 @@ pub(super) async fn set_status_in(
     if let Some(data) = status_data(&before, status, outcome.as_deref()) {
         insert_events(&mut tx, task, vec![("status", None, data)], now).await?;
     }
-    tx.commit().await?;
+    super::db::commit(tx).await?;
     Ok(())
 }
 
 #[async_trait]
 impl Journal for PostgresStore {
     async fn record_rejection(&self, task: &str, entry: &JournalEntry) -> Result<()> {
-        let tx = self.pool.begin().await?;
-        record_rejection_in(tx, task, entry).await
+        self.pool
+            .checked_unit(
+                || async move {
+                    let tx = self.pool.begin().await?;
+                    record_rejection_in(tx, task, entry).await
+                },
+                || self.holds_entry(task, entry),
+            )
+            .await
     }
 
     async fn commit_step(
@@ -356,14 +420,24 @@ impl Journal for PostgresStore {
         expected_version: u64,
         commit: &StepCommit,
     ) -> Result<()> {
-        let tx = self.pool.begin().await?;
-        self.commit_step_in(tx, task, expected_version, commit)
-            .await
+        self.step_unit(task, commit, || async move {
+            let tx = self.pool.begin().await?;
+            self.commit_step_in(tx, task, expected_version, commit)
+                .await
+        })
+        .await
     }
 
     async fn record_action_result(&self, task: &str, result: &ActionResult) -> Result<()> {
-        let tx = self.pool.begin().await?;
-        record_action_result_in(tx, task, result).await
+        self.pool
+            .checked_unit(
+                || async move {
+                    let tx = self.pool.begin().await?;
+                    record_action_result_in(tx, task, result).await
+                },
+                || self.holds_result(task, result),
+            )
+            .await
     }
 
     async fn set_status(
@@ -372,8 +446,15 @@ impl Journal for PostgresStore {
         status: TaskStatus,
         outcome: Option<&Value>,
     ) -> Result<()> {
-        let tx = self.pool.begin().await?;
-        set_status_in(tx, task, status, outcome).await
+        self.pool
+            .checked_unit(
+                || async move {
+                    let tx = self.pool.begin().await?;
+                    set_status_in(tx, task, status, outcome).await
+                },
+                || self.has_status(task, status),
+            )
+            .await
     }
 
     async fn journal(&self, task: &str) -> Result<Vec<JournalEntry>> {

@@ -38,74 +38,87 @@ impl Leases for PostgresStore {
         ttl_ms: u64,
         replacing: Option<&str>,
     ) -> Result<LeaseInfo> {
-        // The task's row is locked first, so the attempt and the read of who holds the lease
-        // see the same lease: a holder that lets go in between cannot make a refused attempt
-        // look like a missing task.
-        let mut tx = self.pool.begin().await?;
-        let exists = sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
-            .bind(task)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(task.to_owned()));
-        }
-        // The server's clock decides expiry, so runners on several machines agree.
-        let updated = sqlx::query(
-            "WITH now AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms) \
-             UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS NOT DISTINCT FROM $1 THEN lease_acquired_at ELSE now.ms END, \
-             lease_token = $1, lease_holder = $2, lease_process = $3, lease_expires_at = now.ms + $4 \
-             FROM now WHERE id = $5 AND (lease_token IS NULL OR lease_expires_at <= now.ms OR lease_token = $1 OR lease_token = $6)",
-        )
-        .bind(&claim.token)
-        .bind(&claim.holder)
-        .bind(&claim.process)
-        .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
-        .bind(task)
-        .bind(replacing)
-        .execute(&mut *tx)
-        .await?;
-        let row = sqlx::query(
-            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
-        )
-        .bind(task)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        match lease_from_row(&row)? {
-            Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
-            Some(lease) => Err(StoreError::Leased {
-                task: task.to_owned(),
-                lease: Box::new(lease),
-            }),
-            // Unreachable with the row locked: a free lease is taken.
-            None => Err(crate::fenced::lease_lost(task, None, None)),
-        }
+        self.pool
+            .unit(|| async move {
+                // The task's row is locked first, so the attempt and the read of who holds the lease
+                // see the same lease: a holder that lets go in between cannot make a refused attempt
+                // look like a missing task.
+                let mut tx = self.pool.begin().await?;
+                let exists = sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
+                    .bind(task)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if exists.is_none() {
+                    return Err(StoreError::NotFound(task.to_owned()));
+                }
+                // The server's clock decides expiry, so runners on several machines agree.
+                let updated = sqlx::query(
+                    "WITH now AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms) \
+                     UPDATE tasks SET lease_acquired_at = CASE WHEN lease_token IS NOT DISTINCT FROM $1 THEN lease_acquired_at ELSE now.ms END, \
+                     lease_token = $1, lease_holder = $2, lease_process = $3, lease_expires_at = now.ms + $4 \
+                     FROM now WHERE id = $5 AND (lease_token IS NULL OR lease_expires_at <= now.ms OR lease_token = $1 OR lease_token = $6)",
+                )
+                .bind(&claim.token)
+                .bind(&claim.holder)
+                .bind(&claim.process)
+                .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+                .bind(task)
+                .bind(replacing)
+                .execute(&mut *tx)
+                .await?;
+                let row = sqlx::query(
+                    "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
+                )
+                .bind(task)
+                .fetch_one(&mut *tx)
+                .await?;
+                super::db::commit(tx).await?;
+                match lease_from_row(&row)? {
+                    Some(lease) if updated.rows_affected() == 1 && lease.token == claim.token => Ok(lease),
+                    Some(lease) => Err(StoreError::Leased {
+                        task: task.to_owned(),
+                        lease: Box::new(lease),
+                    }),
+                    // Unreachable with the row locked: a free lease is taken.
+                    None => Err(crate::fenced::lease_lost(task, None, None)),
+                }
+            })
+            .await
     }
 
     async fn renew_lease(&self, task: &str, token: &str, ttl_ms: u64) -> Result<()> {
-        let updated = sqlx::query(
-            "UPDATE tasks SET lease_expires_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + $1 WHERE id = $2 AND lease_token = $3",
-        )
-        .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
-        .bind(task)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Err(self.lost_lease(task).await?);
-        }
-        Ok(())
+        // Renewing and releasing may run twice (`Db::unit`): both set the same values again.
+        self.pool
+            .unit(|| async move {
+                let updated = sqlx::query(
+                    "UPDATE tasks SET lease_expires_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + $1 WHERE id = $2 AND lease_token = $3",
+                )
+                .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64)
+                .bind(task)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+                if updated.rows_affected() != 1 {
+                    return Err(self.lost_lease(task).await?);
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn release_lease(&self, task: &str, token: &str) -> Result<()> {
-        sqlx::query(
-            "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2",
-        )
-        .bind(task)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.pool
+            .unit(|| async move {
+                sqlx::query(
+                    "UPDATE tasks SET lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2",
+                )
+                .bind(task)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            })
+            .await
     }
 
     async fn commit_unleased_step(
@@ -114,32 +127,97 @@ impl Leases for PostgresStore {
         expected_version: u64,
         commit: &StepCommit,
     ) -> Result<()> {
-        // The row stays locked until the step is committed: no runner takes the lease between
-        // the check and the step. The server's clock decides expiry, as when leases are taken.
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at, \
-             lease_expires_at > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS live \
-             FROM tasks WHERE id = $1 FOR NO KEY UPDATE",
-        )
-        .bind(task)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
-        if let Some(lease) = lease_from_row(&row)?
-            && row.try_get::<Option<bool>, _>("live")?.unwrap_or(false)
-        {
-            tx.rollback().await?;
-            return Err(StoreError::Leased {
-                task: task.to_owned(),
-                lease: Box::new(lease),
-            });
-        }
-        self.commit_step_in(tx, task, expected_version, commit)
-            .await
+        self.step_unit(task, commit, || async move {
+            // The row stays locked until the step is committed: no runner takes the lease between
+            // the check and the step. The server's clock decides expiry, as when leases are taken.
+            let mut tx = self.pool.begin().await?;
+            let row = sqlx::query(
+                "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at, \
+                 lease_expires_at > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS live \
+                 FROM tasks WHERE id = $1 FOR NO KEY UPDATE",
+            )
+            .bind(task)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+            if let Some(lease) = lease_from_row(&row)?
+                && row.try_get::<Option<bool>, _>("live")?.unwrap_or(false)
+            {
+                tx.rollback().await?;
+                return Err(StoreError::Leased {
+                    task: task.to_owned(),
+                    lease: Box::new(lease),
+                });
+            }
+            self.commit_step_in(tx, task, expected_version, commit)
+                .await
+        })
+        .await
     }
 
     async fn write_under_lease(
+        &self,
+        task: &str,
+        token: &str,
+        write: LeasedWrite<'_>,
+    ) -> Result<Option<u64>> {
+        match write {
+            // Each unit reads whether it was recorded when its COMMIT's answer was lost
+            // (`Db::checked_unit`); the lease check comes first each time it runs.
+            LeasedWrite::Step { commit, .. } => self
+                .step_unit(task, commit, || async move {
+                    self.write_under_lease_once(task, token, write)
+                        .await
+                        .map(|_| ())
+                })
+                .await
+                .map(|()| None),
+            // A step with a board write commits in boards.rs, outside `Db::unit`.
+            LeasedWrite::StepWithBoard { .. } => {
+                self.write_under_lease_once(task, token, write).await
+            }
+            LeasedWrite::Rejection(entry) => {
+                self.pool
+                    .checked_unit(
+                        || self.write_under_lease_once(task, token, write),
+                        || self.holds_entry(task, entry),
+                    )
+                    .await
+            }
+            LeasedWrite::ActionResult(result) => {
+                self.pool
+                    .checked_unit(
+                        || self.write_under_lease_once(task, token, write),
+                        || self.holds_result(task, result),
+                    )
+                    .await
+            }
+            LeasedWrite::Status { status, .. } => {
+                self.pool
+                    .checked_unit(
+                        || self.write_under_lease_once(task, token, write),
+                        || self.has_status(task, status),
+                    )
+                    .await
+            }
+        }
+    }
+
+    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {
+        let row = sqlx::query(
+            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
+        )
+        .bind(task)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
+        lease_from_row(&row)
+    }
+}
+
+impl PostgresStore {
+    /// `Leases::write_under_lease`, once: the lease check and the write in one transaction.
+    pub(super) async fn write_under_lease_once(
         &self,
         task: &str,
         token: &str,
@@ -209,16 +287,5 @@ impl Leases for PostgresStore {
                 .await
                 .map(Some),
         }
-    }
-
-    async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {
-        let row = sqlx::query(
-            "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at FROM tasks WHERE id = $1",
-        )
-        .bind(task)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
-        lease_from_row(&row)
     }
 }

@@ -11,13 +11,16 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+
+use db::Db;
 
 use crate::migrate::{check_postgres, migrate_postgres};
 use crate::{DEFAULT_SNAPSHOT_EVERY, OpenMode, Result, StoreError};
 
 mod boards;
+mod db;
 mod events;
 mod inbox;
 mod journal;
@@ -41,7 +44,8 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
+    /// Every statement and transaction goes through it (`db.rs`).
+    pool: Db,
     snapshot_every: u64,
 }
 
@@ -60,8 +64,18 @@ impl PostgresStore {
     /// Opens `url`; with `OpenMode::Existing` nothing is created or migrated, and a database
     /// without skillstate tables is reported as such.
     pub async fn open_mode(url: &str, mode: OpenMode) -> Result<Self> {
-        let options = connect_options(url)?;
-        Self::connect(url, options, None, mode).await
+        Self::open_with(url, mode, false).await
+    }
+
+    /// Opens `url` in `mode`; `transaction_pooler` (`[store] transaction_pooler`, or
+    /// `transaction_pooler=true` in the URL's query) says the server is reached through a pooler
+    /// that lends a connection for one transaction at a time, such as PgBouncer in
+    /// `pool_mode = transaction`: the client then keeps no prepared statement between
+    /// transactions, runs every statement inside a transaction, and sends no startup parameter
+    /// such a pooler refuses (`db.rs`; README, PostgreSQL).
+    pub async fn open_with(url: &str, mode: OpenMode, transaction_pooler: bool) -> Result<Self> {
+        let (options, pooler) = connect_options(url, transaction_pooler)?;
+        Self::connect(url, options, None, mode, pooler).await
     }
 
     /// Like [`open`](Self::open), but keeps every table in `schema`, which is created when
@@ -76,8 +90,12 @@ impl PostgresStore {
                 ),
             });
         }
-        let options = connect_options(url)?.options([("search_path", format!("\"{schema}\""))]);
-        Self::connect(url, options, Some(schema), OpenMode::ReadWrite).await
+        let (options, pooler) = connect_options(url, false)?;
+        if pooler {
+            return Err(pooler_refuses_options(url));
+        }
+        let options = options.options([("search_path", format!("\"{schema}\""))]);
+        Self::connect(url, options, Some(schema), OpenMode::ReadWrite, false).await
     }
 
     async fn connect(
@@ -85,10 +103,19 @@ impl PostgresStore {
         options: PgConnectOptions,
         schema: Option<&str>,
         mode: OpenMode,
+        transaction_pooler: bool,
     ) -> Result<Self> {
-        let open_error = |e: sqlx::Error| StoreError::Open {
-            location: redact(url),
-            message: e.to_string(),
+        let open_error = |e: sqlx::Error| {
+            let message = e.to_string();
+            // PgBouncer refuses startup parameters it does not know (`extra_float_digits`,
+            // `options`) unless told to ignore them; with the setting on, none is sent.
+            if !transaction_pooler && message.contains("unsupported startup parameter") {
+                return StoreError::TransactionPooler { message };
+            }
+            StoreError::Open {
+                location: redact(url),
+                message,
+            }
         };
         // One plain connection first: the pool retries a refused or rejected connection until
         // its acquire timeout and then reports only "timed out", while this fails at once
@@ -112,14 +139,16 @@ impl PostgresStore {
             }
         }
         probe.close().await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options)
-            .await
-            .map_err(open_error)?;
+        let pool = Db::connect(
+            options,
+            MAX_CONNECTIONS,
+            ACQUIRE_TIMEOUT,
+            transaction_pooler,
+        )
+        .await
+        .map_err(open_error)?;
         match mode {
-            OpenMode::ReadWrite => migrate_postgres(&pool).await?,
+            OpenMode::ReadWrite => migrate_postgres(pool.pool()).await?,
             OpenMode::Existing => check_postgres(&pool, &redact(url)).await?,
         }
         Ok(Self {
@@ -135,7 +164,7 @@ impl PostgresStore {
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.pool.pool()
     }
 
     pub(super) async fn resolve_id(&self, id_or_prefix: &str) -> Result<String> {
@@ -193,22 +222,84 @@ impl PostgresStore {
     }
 }
 
-fn connect_options(url: &str) -> Result<PgConnectOptions> {
-    let options = PgConnectOptions::from_str(url).map_err(|e| StoreError::Open {
+/// The connect options of `url`, and whether the server is reached through a transaction
+/// pooler (`transaction_pooler`, or the URL's `transaction_pooler=true`, which sqlx does not
+/// see).
+fn connect_options(url: &str, transaction_pooler: bool) -> Result<(PgConnectOptions, bool)> {
+    let (bare, from_url) = take_pooler_parameter(url)?;
+    let pooler = transaction_pooler || from_url;
+    let options = PgConnectOptions::from_str(&bare).map_err(|e| StoreError::Open {
         location: redact(url),
         message: e.to_string(),
     })?;
+    let options = if pooler {
+        // A transaction pooler lends a server connection per transaction: a statement prepared
+        // in one is gone (or another client's) in the next, so none is kept. Startup
+        // parameters reach only the server connection the pooler opened for someone else, and
+        // PgBouncer 1.18 refuses those it does not track: `extra_float_digits` is not sent
+        // (PostgreSQL 12 and later print floats exactly without it), and `options` is refused
+        // here with the way out.
+        if options.get_options().is_some() {
+            return Err(pooler_refuses_options(url));
+        }
+        options.statement_cache_capacity(0).extra_float_digits(None)
+    } else {
+        options
+    };
     // libpq's default `prefer` tries TLS first. To a server on this machine that buys nothing
     // (no network to protect; `prefer` never verified the server anyway), and the handshake
     // cost about 90 ms per connection here (two small writes stalled by Nagle's algorithm
     // against delayed ACKs): every process, pool connection and CLI command paid it. An
     // explicit `sslmode` in the URL or PGSSLMODE is followed as given.
     let chose_tls = names_ssl_mode(url) || std::env::var_os("PGSSLMODE").is_some();
-    Ok(if !chose_tls && is_local_host(options.get_host()) {
+    let options = if !chose_tls && is_local_host(options.get_host()) {
         options.ssl_mode(PgSslMode::Disable)
     } else {
         options
-    })
+    };
+    Ok((options, pooler))
+}
+
+/// `url` without its `transaction_pooler` query parameter, and the parameter's value.
+fn take_pooler_parameter(url: &str) -> Result<(String, bool)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), false));
+    };
+    let mut pooler = false;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if key != "transaction_pooler" {
+            kept.push(pair);
+            continue;
+        }
+        pooler = match value.to_ascii_lowercase().as_str() {
+            "true" | "1" | "on" | "yes" => true,
+            "false" | "0" | "off" | "no" => false,
+            other => {
+                return Err(StoreError::Open {
+                    location: redact(url),
+                    message: format!(
+                        "`transaction_pooler={other}` is not a setting; use `transaction_pooler=true` (through PgBouncer in transaction mode) or leave it out"
+                    ),
+                });
+            }
+        };
+    }
+    let bare = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((bare, pooler))
+}
+
+/// Why a schema (`search_path`) cannot be chosen per connection through a transaction pooler.
+fn pooler_refuses_options(url: &str) -> StoreError {
+    StoreError::Open {
+        location: redact(url),
+        message: "through a transaction pooler (`transaction_pooler`) the connection cannot carry startup `options` such as `-c search_path=…`: the pooler does not pass them on to the server connections it lends. Set the schema where every server connection gets it: on the role (`ALTER ROLE name IN DATABASE db SET search_path = schema`) or in the pooler's database entry (pgbouncer.ini: `connect_query = 'SET search_path = schema'`)".to_owned(),
+    }
 }
 
 /// Whether the URL's query sets `sslmode` (or its alias `ssl-mode`).
@@ -279,7 +370,7 @@ fn redact(url: &str) -> String {
 #[async_trait::async_trait]
 impl crate::Release for PostgresStore {
     async fn release(&self) {
-        self.pool.close().await;
+        self.pool.pool().close().await;
     }
 }
 
@@ -288,8 +379,8 @@ mod tests {
     use super::*;
 
     fn mode(url: &str) -> PgSslMode {
-        match connect_options(url) {
-            Ok(options) => options.get_ssl_mode(),
+        match connect_options(url, false) {
+            Ok((options, _)) => options.get_ssl_mode(),
             Err(error) => panic!("{url}: {error}"),
         }
     }

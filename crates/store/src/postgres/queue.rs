@@ -188,7 +188,7 @@ impl Queue for PostgresStore {
         for (ids, tasks) in ids.chunks(ENQUEUE_CHUNK).zip(tasks.chunks(ENQUEUE_CHUNK)) {
             insert_queued(&mut tx, batch, ids, tasks, now).await?;
         }
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok(ids)
     }
 
@@ -222,7 +222,7 @@ impl Queue for PostgresStore {
                 break;
             }
         }
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok((self.batch(&id).await?, all))
     }
 
@@ -250,49 +250,57 @@ impl Queue for PostgresStore {
         ttl_ms: u64,
         batch: Option<&str>,
     ) -> Result<Option<Claimed>> {
+        self.pool
+            .unit(|| async move {
+                // Run again when the connection is lost (`Db::unit`), even after the server may have
+        // committed the claim: a claim whose answer was lost leaves a lease nobody renews, and
+        // the task is taken over when it expires (`took_over`); its journal decides where it
+        // resumes, so nothing runs twice.
         // The subquery locks the oldest claimable row, skipping rows other claimers hold
-        // locked; a row claimed and committed meanwhile is re-checked against CLAIMABLE and
-        // passed over.
-        // A lease still recorded on the picked row expired without being released: a takeover.
-        // Two statements, not `($5 IS NULL OR t.batch_id = $5)`: a generic plan of that form
-        // cannot use `tasks_claimable_by_batch` and scans the batch's finished tasks too.
-        let of_batch = if batch.is_some() {
-            "AND t.batch_id = $5"
-        } else {
-            ""
-        };
-        let sql = format!(
-            "WITH now AS (SELECT {NOW_MS} AS ms), \
-             picked AS (SELECT t.id, t.lease_token IS NOT NULL AS took_over FROM tasks t, now WHERE {CLAIMABLE} {of_batch} \
-                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
-             UPDATE tasks SET lease_token = $1, lease_holder = $2, lease_process = $3, lease_acquired_at = now.ms, lease_expires_at = now.ms + $4 \
-             FROM now, picked WHERE tasks.id = picked.id \
-             RETURNING tasks.id, tasks.batch_id, tasks.tries, tasks.lease_token, tasks.lease_holder, tasks.lease_process, tasks.lease_acquired_at, tasks.lease_expires_at, picked.took_over"
-        );
-        let query = sqlx::query(AssertSqlSafe(sql))
-            .bind(&claim.token)
-            .bind(&claim.holder)
-            .bind(&claim.process)
-            .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64);
-        let query = match batch {
-            Some(batch) => query.bind(batch),
-            None => query,
-        };
-        let row = query.fetch_optional(&self.pool).await?;
-        row.map(|row| {
-            let lease = crate::rows::lease_from_row(&row)?.ok_or_else(|| StoreError::Decode {
-                what: "claimed task".into(),
-                message: "the claim wrote no lease".into(),
-            })?;
-            Ok(Claimed {
-                task_id: row.try_get("id")?,
-                batch_id: row.try_get("batch_id")?,
-                tries: u32::try_from(row.try_get::<i64, _>("tries")?.max(0)).unwrap_or(u32::MAX),
-                lease,
-                took_over: row.try_get("took_over")?,
+                // locked; a row claimed and committed meanwhile is re-checked against CLAIMABLE and
+                // passed over.
+                // A lease still recorded on the picked row expired without being released: a takeover.
+                // Two statements, not `($5 IS NULL OR t.batch_id = $5)`: a generic plan of that form
+                // cannot use `tasks_claimable_by_batch` and scans the batch's finished tasks too.
+                let of_batch = if batch.is_some() {
+                    "AND t.batch_id = $5"
+                } else {
+                    ""
+                };
+                let sql = format!(
+                    "WITH now AS (SELECT {NOW_MS} AS ms), \
+                     picked AS (SELECT t.id, t.lease_token IS NOT NULL AS took_over FROM tasks t, now WHERE {CLAIMABLE} {of_batch} \
+                         ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
+                     UPDATE tasks SET lease_token = $1, lease_holder = $2, lease_process = $3, lease_acquired_at = now.ms, lease_expires_at = now.ms + $4 \
+                     FROM now, picked WHERE tasks.id = picked.id \
+                     RETURNING tasks.id, tasks.batch_id, tasks.tries, tasks.lease_token, tasks.lease_holder, tasks.lease_process, tasks.lease_acquired_at, tasks.lease_expires_at, picked.took_over"
+                );
+                let query = sqlx::query(AssertSqlSafe(sql))
+                    .bind(&claim.token)
+                    .bind(&claim.holder)
+                    .bind(&claim.process)
+                    .bind(ttl_ms.min(i64::MAX as u64 / 2) as i64);
+                let query = match batch {
+                    Some(batch) => query.bind(batch),
+                    None => query,
+                };
+                let row = query.fetch_optional(&self.pool).await?;
+                row.map(|row| {
+                    let lease = crate::rows::lease_from_row(&row)?.ok_or_else(|| StoreError::Decode {
+                        what: "claimed task".into(),
+                        message: "the claim wrote no lease".into(),
+                    })?;
+                    Ok(Claimed {
+                        task_id: row.try_get("id")?,
+                        batch_id: row.try_get("batch_id")?,
+                        tries: u32::try_from(row.try_get::<i64, _>("tries")?.max(0)).unwrap_or(u32::MAX),
+                        lease,
+                        took_over: row.try_get("took_over")?,
+                    })
             })
-        })
-        .transpose()
+            .transpose()
+            })
+            .await
     }
 
     async fn settle_claim(
@@ -302,46 +310,54 @@ impl Queue for PostgresStore {
         settle: &Settle,
         failure: Option<&str>,
     ) -> Result<()> {
-        let (queue, tries, not_before) = match settle {
-            Settle::Done => ("done", 0i64, None),
-            Settle::RetryAt { not_before } => ("queued", 1, Some(*not_before)),
-        };
-        // Inbox entries still waiting keep the task queued. A post updates the task's row
-        // before it commits: locking the row first waits for a post in progress, and the
-        // UPDATE's own snapshot, taken after the lock, then sees its entry.
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
-            .bind(task)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let updated = sqlx::query(
-            "UPDATE tasks SET queue = CASE WHEN waiting.any THEN 'queued' ELSE $1 END, tries = tries + $2, \
-             not_before = CASE WHEN waiting.any THEN NULL ELSE $3 END, failure = COALESCE($4, failure), updated_at = $5, \
-             lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
-             FROM (SELECT EXISTS (SELECT 1 FROM inbox WHERE task_id = $6 AND delivered_step IS NULL) AS any) AS waiting \
-             WHERE id = $6 AND lease_token = $7",
-        )
-        .bind(queue)
-        .bind(tries)
-        .bind(not_before)
-        .bind(failure)
-        .bind(now_millis())
-        .bind(task)
-        .bind(token)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        if updated.rows_affected() == 1 {
-            return Ok(());
-        }
-        let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1")
-            .bind(task)
-            .fetch_optional(&self.pool)
-            .await?;
-        if found.is_none() {
-            return Err(StoreError::NotFound(task.to_owned()));
-        }
-        Err(self.lost_lease(task).await?)
+        self.pool
+            .checked_unit(
+                || async move {
+                let (queue, tries, not_before) = match settle {
+                    Settle::Done => ("done", 0i64, None),
+                    Settle::RetryAt { not_before } => ("queued", 1, Some(*not_before)),
+                };
+                // Inbox entries still waiting keep the task queued. A post updates the task's row
+                // before it commits: locking the row first waits for a post in progress, and the
+                // UPDATE's own snapshot, taken after the lock, then sees its entry.
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
+                    .bind(task)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let updated = sqlx::query(
+                    "UPDATE tasks SET queue = CASE WHEN waiting.any THEN 'queued' ELSE $1 END, tries = tries + $2, \
+                     not_before = CASE WHEN waiting.any THEN NULL ELSE $3 END, failure = COALESCE($4, failure), updated_at = $5, \
+                     lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
+                     FROM (SELECT EXISTS (SELECT 1 FROM inbox WHERE task_id = $6 AND delivered_step IS NULL) AS any) AS waiting \
+                     WHERE id = $6 AND lease_token = $7",
+                )
+                .bind(queue)
+                .bind(tries)
+                .bind(not_before)
+                .bind(failure)
+                .bind(now_millis())
+                .bind(task)
+                .bind(token)
+                .execute(&mut *tx)
+                .await?;
+                super::db::commit(tx).await?;
+                if updated.rows_affected() == 1 {
+                    return Ok(());
+                }
+                let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1")
+                    .bind(task)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if found.is_none() {
+                    return Err(StoreError::NotFound(task.to_owned()));
+                }
+                Err(self.lost_lease(task).await?)
+            },
+                // Settled: the claim's lease is gone (a takeover would have left another).
+                || self.lease_cleared(task),
+            )
+            .await
     }
 
     async fn stop_batch(&self, batch: &str, reason: &str) -> Result<()> {
@@ -408,7 +424,7 @@ impl Queue for PostgresStore {
             .bind(now_millis())
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok(queued.rows_affected())
     }
 
@@ -460,5 +476,17 @@ impl Queue for PostgresStore {
 
     async fn rate_add_tokens(&self, scope: &str, tokens: u64) -> Result<()> {
         super::rate::add_tokens(self, scope, tokens).await
+    }
+}
+
+impl PostgresStore {
+    /// Whether `task` holds no lease (a settle of its claim was recorded).
+    async fn lease_cleared(&self, task: &str) -> Result<bool> {
+        let cleared: Option<bool> =
+            sqlx::query_scalar("SELECT lease_token IS NULL FROM tasks WHERE id = $1")
+                .bind(task)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(cleared.unwrap_or(false))
     }
 }

@@ -14,7 +14,7 @@ pub(super) async fn acquire(
     tokens: u64,
 ) -> Result<RateDecision> {
     let tokens = tokens.min(i64::MAX as u64);
-    let mut tx = store.pool().begin().await?;
+    let mut tx = store.pool.begin().await?;
     sqlx::query("INSERT INTO rate_scopes (scope) VALUES ($1) ON CONFLICT (scope) DO NOTHING")
         .bind(scope)
         .execute(&mut *tx)
@@ -53,7 +53,7 @@ pub(super) async fn acquire(
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await?;
+    super::db::commit(tx).await?;
     Ok(decision)
 }
 
@@ -63,7 +63,7 @@ pub(super) async fn add_tokens(store: &PostgresStore, scope: &str, tokens: u64) 
     )))
     .bind(scope)
     .bind(tokens.min(i64::MAX as u64) as i64)
-    .execute(store.pool())
+    .execute(&store.pool)
     .await?;
     Ok(())
 }

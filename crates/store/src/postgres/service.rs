@@ -161,7 +161,7 @@ impl Tenancy for PostgresStore {
             )
             .await?
             {
-                tx.commit().await?;
+                super::db::commit(tx).await?;
                 return Ok((self.task(&id).await?, true));
             }
             tx.rollback().await?;

@@ -150,7 +150,7 @@ impl Tasks for PostgresStore {
         let id = uuid::Uuid::now_v7().to_string();
         let mut tx = self.pool.begin().await?;
         insert_task(&mut tx, &id, &task, initial_state, None, now_millis()).await?;
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         self.task(&id).await
     }
 
@@ -287,7 +287,7 @@ impl Tasks for PostgresStore {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         self.task(&id).await
     }
 
@@ -319,7 +319,7 @@ impl Tasks for PostgresStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok(deleted)
     }
 
@@ -353,7 +353,7 @@ impl Tasks for PostgresStore {
         for hash in &versions {
             collect_version(&mut tx, hash).await?;
         }
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok(())
     }
 
@@ -427,7 +427,7 @@ impl Tasks for PostgresStore {
         if let Some(hash) = before {
             collect_version(&mut tx, &hash).await?;
         }
-        tx.commit().await?;
+        super::db::commit(tx).await?;
         Ok(())
     }
 

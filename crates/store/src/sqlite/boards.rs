@@ -12,8 +12,8 @@ use super::ops_boards::{Attach, BoardWriteOp, DeleteBoard, NewBoardWrite, StepWi
 use super::ops_steps::Step;
 use super::ops_tasks::{NewTasks, TaskRow};
 use crate::board_rows::{
-    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, snapshot_from_row,
-    summary_from_row, write_from_row,
+    SUMMARY_COLUMNS, WriteRow, board_from_row, check_name, is_board_id, schema_from_row,
+    snapshot_from_row, summary_from_row, write_from_row,
 };
 use crate::boards::*;
 use crate::model::{NewTask, StepCommit, TaskRecord};
@@ -34,6 +34,7 @@ impl SqliteStore {
             row: WriteRow::new(write),
             state: to_json(&write.new_state),
             snapshot: (expected_version + 1).is_multiple_of(self.snapshot_every),
+            schema: None,
             now: now_millis(),
         }
     }
@@ -126,6 +127,49 @@ impl Boards for SqliteStore {
         )))
         .await?;
         Ok(expected_version + 1)
+    }
+
+    async fn commit_board_schema(
+        &self,
+        board: &str,
+        expected_version: u64,
+        write: &BoardWrite,
+        schema: &Value,
+    ) -> Result<u64> {
+        let mut op = self.board_write_op(board, expected_version, write);
+        op.schema = Some(to_json(schema));
+        self.write_done(Write::OnBoard(op)).await?;
+        Ok(expected_version + 1)
+    }
+
+    async fn board_schemas(&self, board: &str) -> Result<Vec<BoardSchemaRecord>> {
+        let current = sqlx::query("SELECT schema FROM boards WHERE id = ?")
+            .bind(board)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NoSuchBoard(board.to_owned()))?;
+        // A database opened read-only before schema 14 has no history: one schema, from 0.
+        let has_history: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'board_schemas'",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if has_history.is_none() {
+            return Ok(vec![BoardSchemaRecord {
+                from_version: 0,
+                schema: decode(
+                    &format!("schema of board {board}"),
+                    &current.try_get::<String, _>("schema")?,
+                )?,
+            }]);
+        }
+        let rows = sqlx::query(
+            "SELECT from_version, schema FROM board_schemas WHERE board_id = ? ORDER BY from_version",
+        )
+        .bind(board)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| schema_from_row(board, row)).collect()
     }
 
     async fn commit_step_with_board(

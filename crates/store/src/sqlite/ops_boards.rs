@@ -1,5 +1,5 @@
 //! Board writes of the group-commit writer (`writer.rs`): creating a board, a board write on
-//! its own, a task's step together with its board write (ONE savepoint, so both or neither),
+//! its own (changing the board's schema or not), a task's step together with its board write (ONE savepoint, so both or neither),
 //! attaching a task and deleting a board.
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -51,6 +51,10 @@ impl NewBoardWrite {
             self.now,
             self.now
         ])?;
+        conn.prepare_cached(
+            "INSERT INTO board_schemas (board_id, from_version, schema) VALUES (?, 0, ?)",
+        )?
+        .execute(params![self.id, self.schema])?;
         Ok(())
     }
 }
@@ -65,6 +69,9 @@ pub(super) struct BoardWriteOp {
     pub(super) state: String,
     /// Whether the new state is written to `board_snapshots` too.
     pub(super) snapshot: bool,
+    /// The board's schema from the new version on, when the write changes it (its row in
+    /// `board_schemas` is written with the write).
+    pub(super) schema: Option<String>,
     pub(super) now: i64,
 }
 
@@ -74,13 +81,14 @@ impl BoardWriteOp {
         // The version check and the write are one statement.
         let updated = conn
             .prepare_cached(
-                "UPDATE boards SET state = ?, version = ?, state_hash = ?, updated_at = ? WHERE id = ? AND version = ?",
+                "UPDATE boards SET state = ?, version = ?, state_hash = ?, updated_at = ?, schema = COALESCE(?, schema) WHERE id = ? AND version = ?",
             )?
             .execute(params![
                 self.state,
                 next as i64,
                 self.row.state_hash,
                 self.now,
+                self.schema,
                 self.board,
                 self.expected_version as i64
             ])?;
@@ -116,6 +124,12 @@ impl BoardWriteOp {
                 "INSERT INTO board_snapshots (board_id, version, state) VALUES (?, ?, ?)",
             )?
             .execute(params![self.board, next as i64, self.state])?;
+        }
+        if let Some(schema) = &self.schema {
+            conn.prepare_cached(
+                "INSERT INTO board_schemas (board_id, from_version, schema) VALUES (?, ?, ?)",
+            )?
+            .execute(params![self.board, next as i64, schema])?;
         }
         Ok(())
     }

@@ -824,3 +824,191 @@ async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Res
     })
     .await
 }
+
+/// Takes `db` back to schema 13, as a release before board schema histories wrote it: one
+/// schema per board, in `boards`.
+pub(super) async fn back_to_schema_13(db: &Db) -> anyhow::Result<()> {
+    let sql = match db.backend {
+        Backend::Sqlite => {
+            "DROP TABLE board_schemas; DELETE FROM schema_migrations WHERE version >= 14"
+        }
+        Backend::Postgres => {
+            "DROP TABLE board_schemas; DROP FUNCTION skillstate_board_schema_frozen(); \
+             DELETE FROM schema_migrations WHERE version >= 14"
+        }
+    };
+    db.execute(sql).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_change_is_a_write_and_each_version_reads_with_its_schema() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let first_schema = json!({"type": "object", "properties": {"goal": {"type": "string"}}});
+        let initial = json!({"goal": "ship"});
+        let board = store
+            .create_board(NewBoard {
+                name: "schemas".into(),
+                schema: first_schema.clone(),
+                initial_state: initial.clone(),
+                tenant: None,
+            })
+            .await?;
+        let schemas = store.board_schemas(&board.id).await?;
+        assert_eq!(
+            schemas,
+            [BoardSchemaRecord {
+                from_version: 0,
+                schema: first_schema.clone()
+            }]
+        );
+        let one = board_write(&initial, json!({"goal": "ship v2"}), BoardAuthor::Cli);
+        store.commit_board_write(&board.id, 0, &one).await?;
+
+        // The schema change: a write of its own (the migration renames `goal`), with the new
+        // schema from its version on.
+        let second_schema =
+            json!({"type": "object", "properties": {"objective": {"type": "string"}}});
+        let upgrade = board_write(
+            &one.new_state,
+            json!([{"op": "move", "from": "/goal", "path": "/objective"}]),
+            BoardAuthor::Cli,
+        );
+        // Planned against version 0: stale, and nothing is written.
+        match store
+            .commit_board_schema(&board.id, 0, &upgrade, &second_schema)
+            .await
+        {
+            Err(StoreError::BoardMoved {
+                expected, actual, ..
+            }) => assert_eq!((expected, actual), (0, 1)),
+            other => bail!("a stale schema change: {other:?}"),
+        }
+        assert_eq!(store.board(&board.id, None).await?.schema, first_schema);
+        assert_eq!(store.board_schemas(&board.id).await?.len(), 1);
+        assert_eq!(
+            store
+                .commit_board_schema(&board.id, 1, &upgrade, &second_schema)
+                .await?,
+            2
+        );
+        let now = store.board(&board.id, None).await?;
+        assert_eq!(
+            (now.version, &now.state, &now.schema),
+            (2, &upgrade.new_state, &second_schema)
+        );
+        let writes = store.board_writes(&board.id, 2, 2).await?;
+        assert_eq!(
+            (&writes[0].patch, &writes[0].author),
+            (&upgrade.patch, &BoardAuthor::Cli)
+        );
+        // A later write keeps the schema.
+        let three = board_write(
+            &upgrade.new_state,
+            json!({"objective": "v3"}),
+            BoardAuthor::Cli,
+        );
+        store.commit_board_write(&board.id, 2, &three).await?;
+        assert_eq!(store.board(&board.id, None).await?.schema, second_schema);
+        assert_eq!(
+            store.board_schemas(&board.id).await?,
+            [
+                BoardSchemaRecord {
+                    from_version: 0,
+                    schema: first_schema.clone()
+                },
+                BoardSchemaRecord {
+                    from_version: 2,
+                    schema: second_schema.clone()
+                }
+            ]
+        );
+        // Each version with the schema in effect at it, and its state, every hash checked.
+        for (version, schema, state) in [
+            (0, &first_schema, &initial),
+            (1, &first_schema, &one.new_state),
+            (2, &second_schema, &upgrade.new_state),
+            (3, &second_schema, &three.new_state),
+        ] {
+            assert_eq!(
+                &board_schema_at(store.as_ref(), &board.id, version).await?,
+                schema,
+                "version {version}"
+            );
+            assert_eq!(
+                &board_state_at(store.as_ref(), &board.id, version).await?,
+                state
+            );
+        }
+        assert!(matches!(
+            board_schema_at(store.as_ref(), &board.id, 4).await,
+            Err(StoreError::NoSuchBoardVersion { version: 4, .. })
+        ));
+        // The history never changes, and goes with its board.
+        let changed = db
+            .execute(&format!(
+                "UPDATE board_schemas SET schema = '{{}}' WHERE board_id = '{}'",
+                board.id
+            ))
+            .await;
+        assert!(changed.is_err(), "a stored schema was changed");
+        store.delete_board(&board.id).await?;
+        assert!(matches!(
+            store.board_schemas(&board.id).await,
+            Err(StoreError::NoSuchBoard(_))
+        ));
+        assert_eq!(
+            db.count(&format!(
+                "SELECT COUNT(*) FROM board_schemas WHERE board_id = '{}'",
+                board.id
+            ))
+            .await?,
+            0
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boards_of_schema_13_get_their_schema_from_version_0() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let schema = json!({"type": "object", "title": "old"});
+        let board = store
+            .create_board(NewBoard {
+                name: "older".into(),
+                schema: schema.clone(),
+                initial_state: json!({}),
+                tenant: None,
+            })
+            .await?;
+        let one = board_write(&json!({}), json!({"x": 1}), BoardAuthor::Cli);
+        store.commit_board_write(&board.id, 0, &one).await?;
+        store.release().await;
+        drop(store);
+        back_to_schema_13(&db).await?;
+
+        // Read-only, as at schema 13: the one schema, from 0.
+        let reader = open_existing(&db.location(), &StoreOptions::default()).await?;
+        assert_eq!(
+            board_schema_at(reader.as_ref(), &board.id, 1).await?,
+            schema
+        );
+        reader.release().await;
+        drop(reader);
+
+        let store = db.open().await?;
+        assert_eq!(
+            store.board_schemas(&board.id).await?,
+            [BoardSchemaRecord {
+                from_version: 0,
+                schema: schema.clone()
+            }]
+        );
+        assert_eq!(board_schema_at(store.as_ref(), &board.id, 1).await?, schema);
+        Ok(())
+    })
+    .await
+}

@@ -22,6 +22,7 @@ async fn versions_stored(db: &Db) -> anyhow::Result<i64> {
 /// Takes `db` back to schema 12, as a release before skill versions wrote it: each task's own
 /// copy of its skill and tools (SQLite `task_specs`, PostgreSQL columns of `tasks`).
 pub(super) async fn back_to_schema_12(db: &Db) -> anyhow::Result<()> {
+    super::boards::back_to_schema_13(db).await?;
     let sql = match db.backend {
         Backend::Sqlite => {
             "CREATE TABLE task_specs (task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE, \

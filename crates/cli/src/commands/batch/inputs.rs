@@ -1,6 +1,6 @@
 //! A batch's inputs: a directory (one task per file; the file's text is the task's input) or a
 //! `.jsonl` file (one task per line: input, initial state, labels, environment parameters,
-//! limits). Errors name the file and line.
+//! limits, the skill version to create it on). Errors name the file and line.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::pin::Pin;
 use super::spec::in_range;
 
 /// Where a task came from: a file of the input directory, or a line of the `.jsonl` file.
@@ -34,6 +35,9 @@ pub struct TaskInput {
     pub environment: Map<String, Value>,
     pub max_steps: Option<u32>,
     pub max_retries: Option<u32>,
+    /// The skill version to create the task on (`skill_version`); `None`: the skill
+    /// directory's (or `--skill-version`).
+    pub skill_version: Option<Pin>,
 }
 
 /// One line of an inputs `.jsonl` file.
@@ -50,6 +54,9 @@ struct Line {
     environment: Option<Map<String, Value>>,
     #[serde(default)]
     limits: Option<Limits>,
+    /// Read as any JSON value so that a wrong type is refused naming the key.
+    #[serde(default)]
+    skill_version: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,6 +209,7 @@ fn read_file(name: String, path: &Path) -> Result<TaskInput> {
         environment: Map::new(),
         max_steps: None,
         max_retries: None,
+        skill_version: None,
     })
 }
 
@@ -212,7 +220,7 @@ fn parse_line(path: &Path, number: usize, raw: &str) -> Result<TaskInput> {
         let message = e.to_string();
         let suffix = format!(" at line {} column {}", e.line(), e.column());
         anyhow::anyhow!(
-            "{at}: {} (each line is one JSON object with any of: input, state, labels, environment, limits)",
+            "{at}: {} (each line is one JSON object with any of: input, state, labels, environment, limits, skill_version)",
             message.strip_suffix(&suffix).unwrap_or(&message)
         )
     })?;
@@ -241,6 +249,16 @@ fn parse_line(path: &Path, number: usize, raw: &str) -> Result<TaskInput> {
     };
     let max_steps = ranged("limits.max_steps", limits.max_steps, 1, 100_000_000)?;
     let max_retries = ranged("limits.max_retries", limits.max_retries, 0, 100)?;
+    let skill_version = match &line.skill_version {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(
+            Pin::parse(text)
+                .map_err(|message| anyhow::anyhow!("{at}: skill_version: {message}"))?,
+        ),
+        Some(other) => bail!(
+            "{at}: skill_version: {other} is not a string; give a skill.toml version such as \"1.2.0\", or a hash prefix from `skillstate skills` (at least 6 hex characters), in quotes"
+        ),
+    };
     Ok(TaskInput {
         source: Source::Line(number),
         at,
@@ -250,6 +268,7 @@ fn parse_line(path: &Path, number: usize, raw: &str) -> Result<TaskInput> {
         environment: line.environment.unwrap_or_default(),
         max_steps,
         max_retries,
+        skill_version,
     })
 }
 
@@ -307,5 +326,38 @@ mod tests {
         std::fs::write(&path, "\n").unwrap();
         let error = read_inputs(&path).unwrap_err().to_string();
         assert!(error.contains("holds no tasks"), "{error}");
+    }
+
+    #[test]
+    fn a_line_pins_its_skill_version_by_name_or_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(
+            &path,
+            "{\"skill_version\": \"1.2.0\"}\n{\"skill_version\": \"0F1E2D3C\"}\n{}\n",
+        )
+        .unwrap();
+        let inputs = read_inputs(&path).unwrap();
+        assert_eq!(inputs[0].skill_version, Some(Pin::Version("1.2.0".into())));
+        assert_eq!(inputs[1].skill_version, Some(Pin::Hash("0f1e2d3c".into())));
+        assert_eq!(inputs[2].skill_version, None);
+        for (line, expected) in [
+            (
+                "{\"skill_version\": 1}",
+                "in.jsonl:2: skill_version: 1 is not a string",
+            ),
+            (
+                "{\"skill_version\": \"1.2\"}",
+                "in.jsonl:2: skill_version: `1.2` is not a semantic version",
+            ),
+            (
+                "{\"skill_version\": \"abc\"}",
+                "in.jsonl:2: skill_version: `abc` is too short for a hash prefix",
+            ),
+        ] {
+            std::fs::write(&path, format!("{{}}\n{line}\n")).unwrap();
+            let error = read_inputs(&path).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+        }
     }
 }

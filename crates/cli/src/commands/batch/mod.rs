@@ -5,6 +5,7 @@
 pub mod control;
 pub mod inputs;
 pub mod output;
+pub mod pin;
 pub mod progress;
 pub mod render;
 pub mod report;
@@ -60,6 +61,12 @@ enum BatchCommand {
         /// `POST /v1/tasks:batch` had made it). Default: no tenant (the CLI's own).
         #[arg(long)]
         tenant: Option<String>,
+        /// The skill version to create each task on when its line has no `skill_version`: a
+        /// skill.toml version (1.2.0) or a hash prefix from `skillstate skills` (at least 6 hex
+        /// characters). The skill directory's when it holds it, else a version the database
+        /// keeps. Default: the skill directory's.
+        #[arg(long, value_name = "VERSION")]
+        skill_version: Option<String>,
     },
     /// Queue a batch file's tasks for workers (`skillstate worker`); prints the batch id.
     Submit {
@@ -69,6 +76,12 @@ enum BatchCommand {
         /// `POST /v1/tasks:batch` had made it). Default: no tenant (the CLI's own).
         #[arg(long)]
         tenant: Option<String>,
+        /// The skill version to create each task on when its line has no `skill_version`: a
+        /// skill.toml version (1.2.0) or a hash prefix from `skillstate skills` (at least 6 hex
+        /// characters). The skill directory's when it holds it, else a version the database
+        /// keeps. Default: the skill directory's.
+        #[arg(long, value_name = "VERSION")]
+        skill_version: Option<String>,
     },
     /// Run the queued tasks of a submitted batch in this process, as `batch run` does.
     Resume {
@@ -123,16 +136,21 @@ enum ReportFormat {
 
 pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> Result<ExitCode> {
     match args.command {
-        BatchCommand::Run { file, tenant } => {
+        BatchCommand::Run {
+            file,
+            tenant,
+            skill_version,
+        } => {
             if let Some(tenant) = &tenant {
                 check_tenant(tenant)?;
             }
+            let pin = default_pin(skill_version.as_deref())?;
             let config = load_config(config_path)?;
             let spec = BatchSpec::load(&file)?;
-            let prepared = submit::prepare(&spec, &config)
+            let location = db.for_spec(&spec);
+            let prepared = submit::prepare(&spec, &config, &location, pin)
                 .await?
                 .for_tenant(tenant.as_deref());
-            let location = db.for_spec(&spec);
             let store = open_store(&location, &config).await?;
             let submitted = prepared.submit(store.as_ref()).await?;
             errln!(
@@ -143,16 +161,21 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
             );
             drive(store, &config, &location, submitted.batch).await
         }
-        BatchCommand::Submit { file, tenant } => {
+        BatchCommand::Submit {
+            file,
+            tenant,
+            skill_version,
+        } => {
             if let Some(tenant) = &tenant {
                 check_tenant(tenant)?;
             }
+            let pin = default_pin(skill_version.as_deref())?;
             let config = load_config(config_path)?;
             let spec = BatchSpec::load(&file)?;
-            let prepared = submit::prepare(&spec, &config)
+            let location = db.for_spec(&spec);
+            let prepared = submit::prepare(&spec, &config, &location, pin)
                 .await?
                 .for_tenant(tenant.as_deref());
-            let location = db.for_spec(&spec);
             let store = open_store(&location, &config).await?;
             let submitted = prepared.submit(store.as_ref()).await?;
             outln!("{}", submitted.batch.id);
@@ -226,6 +249,14 @@ pub async fn run(db: &DbChoice, config_path: Option<&Path>, args: BatchArgs) -> 
             control::reopen(store.as_ref(), &db.location, &batch).await
         }
     }
+}
+
+/// `--skill-version`, checked.
+fn default_pin(text: Option<&str>) -> Result<Option<pin::Pin>> {
+    text.map(|text| {
+        pin::Pin::parse(text).map_err(|message| anyhow::anyhow!("--skill-version: {message}"))
+    })
+    .transpose()
 }
 
 /// Runs the batch's queued tasks in this process until none is left (or a signal drains it),
@@ -355,7 +386,7 @@ pub fn shown_db(location: &str) -> String {
 }
 
 /// ` --db <location>` for printed commands, empty for the default database.
-fn db_flag(location: &str) -> String {
+pub(crate) fn db_flag(location: &str) -> String {
     if location == skillstate_store::DEFAULT_DB {
         String::new()
     } else {

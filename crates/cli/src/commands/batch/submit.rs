@@ -15,6 +15,7 @@ use skillstate_store::{BatchRecord, NewBatch, NewTask, QueuedTask, Store};
 use skillstate_tools::UserRequest;
 
 use super::inputs::{TaskInput, stream_inputs};
+use super::pin::{Directory, Pin, Pinner};
 use super::spec::BatchSpec;
 use crate::commands::load_skill;
 use crate::config::Config;
@@ -152,10 +153,17 @@ fn anonymous_file() -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// Reads and checks every input of `spec` against its skill, without touching a database.
-/// Inputs are read and tasks built one at a time; the first bad input ends it with an error
-/// naming it.
-pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
+/// Reads and checks every input of `spec` against its skill. Inputs are read and tasks built
+/// one at a time; the first bad input ends it with an error naming it. The database at
+/// `location` is only read, and only when a line pins a skill version (`skill_version`, or
+/// `default_pin` from `--skill-version` for lines without one) that the skill directory does
+/// not hold.
+pub async fn prepare(
+    spec: &BatchSpec,
+    config: &Config,
+    location: &str,
+    default_pin: Option<Pin>,
+) -> Result<Prepared> {
     let skill = load_skill(&spec.skill)?;
     let mut config = config.clone();
     config
@@ -189,15 +197,27 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
             Some(toolbox::build(skill.settings(), &place, config).await?)
         }
     };
-    let spooled = spool(inputs, |input| {
-        prepare_one(
-            &skill,
-            environment.as_ref(),
-            toolbox.as_ref(),
-            &options,
-            &input,
-        )
-    });
+    let directory = Directory {
+        skill: &skill,
+        environment: environment.as_ref(),
+        toolbox: toolbox.as_ref(),
+    };
+    let mut pins = Pinner::new(
+        config,
+        location,
+        spec.skill.display().to_string(),
+        default_pin,
+    );
+    let spooled = async {
+        let mut spool = Spool::new()?;
+        for input in inputs {
+            let task = pins.task(&directory, &options, &input?).await?;
+            spool.push(task)?;
+        }
+        spool.finish()
+    }
+    .await;
+    pins.close().await;
     if let Some(toolbox) = &toolbox {
         toolbox.shutdown().await;
         toolbox.discard_own_work_dir();
@@ -215,27 +235,49 @@ pub async fn prepare(spec: &BatchSpec, config: &Config) -> Result<Prepared> {
     })
 }
 
-/// Builds each input's task and appends it to a fresh spool.
-fn spool(
-    inputs: impl Iterator<Item = Result<TaskInput>>,
-    mut prepare: impl FnMut(TaskInput) -> Result<QueuedTask>,
-) -> Result<std::fs::File> {
-    let file = anonymous_file()?;
-    let mut out = BufWriter::new(file);
-    for input in inputs {
-        let task = prepare(input?)?;
-        serde_json::to_writer(&mut out, &Spooled::of(task))
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .context("cannot write the prepared tasks to a temporary file")?;
+/// Built tasks appended, one JSON line each, to a fresh temporary file.
+struct Spool {
+    out: BufWriter<std::fs::File>,
+}
+
+impl Spool {
+    fn new() -> Result<Self> {
+        Ok(Self {
+            out: BufWriter::new(anonymous_file()?),
+        })
     }
-    out.into_inner()
-        .map_err(|e| e.into_error())
-        .context("cannot write the prepared tasks to a temporary file")
+
+    fn push(&mut self, task: QueuedTask) -> Result<()> {
+        serde_json::to_writer(&mut self.out, &Spooled::of(task))
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"))
+            .context("cannot write the prepared tasks to a temporary file")
+    }
+
+    fn finish(self) -> Result<std::fs::File> {
+        self.out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .context("cannot write the prepared tasks to a temporary file")
+    }
 }
 
 /// The task one input describes, without storing it.
 pub(crate) fn prepare_one(
+    skill: &Skill,
+    environment: Option<&EnvironmentSettings>,
+    toolbox: Option<&Toolbox>,
+    options: &TaskOptions,
+    input: &TaskInput,
+) -> Result<QueuedTask> {
+    let mut task = prepare_unlimited(skill, environment, toolbox, options, input)?;
+    apply_limits(&mut task, input);
+    Ok(task)
+}
+
+/// The task one input describes, before its own `limits` (which change its skill's settings,
+/// so the version it runs).
+pub(crate) fn prepare_unlimited(
     skill: &Skill,
     environment: Option<&EnvironmentSettings>,
     toolbox: Option<&Toolbox>,
@@ -292,20 +334,24 @@ pub(crate) fn prepare_one(
         }
         None => skill.definition.initial_state.clone(),
     };
-    let mut task =
+    let task =
         prepare_task(skill, env.as_mut(), &options).map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
-    if let Some(max_steps) = input.max_steps {
-        task.skill.settings.run.max_steps = max_steps;
-    }
-    if let Some(max_retries) = input.max_retries {
-        task.skill.settings.run.max_retries = max_retries;
-    }
     Ok(QueuedTask {
         task,
         initial_state,
         labels: Value::Object(input.labels.clone()),
         tenant: None,
     })
+}
+
+/// The input's own `limits`, in its task's skill settings.
+pub(crate) fn apply_limits(task: &mut QueuedTask, input: &TaskInput) {
+    if let Some(max_steps) = input.max_steps {
+        task.task.skill.settings.run.max_steps = max_steps;
+    }
+    if let Some(max_retries) = input.max_retries {
+        task.task.skill.settings.run.max_retries = max_retries;
+    }
 }
 
 /// A task's own initial state must satisfy the schema and fit the state budget, as
