@@ -216,6 +216,15 @@ def main():
     checker = Checker(args.repo, args.list_external)
     if args.book:
         checker.check_book(args.book, args.book_src)
+        # Every page of the sources is a chapter: one left out of SUMMARY.md is never built.
+        summary = os.path.join(args.book_src, "SUMMARY.md")
+        with open(summary, encoding="utf-8") as f:
+            listed = {os.path.normpath(url.split("#")[0]) for _, url in markdown_links(f.read())}
+        for root, _, files in os.walk(args.book_src):
+            for name in sorted(files):
+                page = os.path.normpath(os.path.relpath(os.path.join(root, name), args.book_src))
+                if name.endswith(".md") and name != "SUMMARY.md" and page not in listed:
+                    checker.broken.append(f"{summary}: {page} is not listed, so the book leaves it out")
     for item in args.markdown:
         if os.path.isdir(item):
             for root, _, files in os.walk(item):
