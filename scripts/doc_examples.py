@@ -10,8 +10,9 @@ only. The convention, in short (docs/testing.md has it in full):
   output (stdout and stderr together). `[..]` matches any text within a line, `...` alone on a
   line any number of lines, `[ID]` an id (task, batch, key: letters, digits, `-`, `_`), `[TIME]`
   a date and time, `[N]` a number. A last line `? 1` expects that exit status instead of 0.
-* The blocks of a page run in order in one bash process, in a fresh directory holding copies of
-  the repository's skills/ and boards/, so files and shell variables ($TASK) carry from one block
+* The blocks of a page run in order in one bash process, in a fresh directory under
+  target/doc-examples/ (so `cargo` finds the workspace) holding copies of the repository's
+  skills/ and boards/, with the binary first on PATH and HOME pointing inside it, so files and shell variables ($TASK) carry from one block
   to the next; background servers started by a block are stopped when the page ends.
 * An HTML comment right before a block annotates it:
   `<!-- doc-example no-run: REASON -->` leaves the block out (REASON is printed);
@@ -242,7 +243,10 @@ def run_page(path, bindir, timeout, keep):
     result = {"page": rel, "run": 0, "checked": 0, "skipped": skipped, "failures": [], "seconds": 0.0}
     if not steps:
         return result
-    work = tempfile.mkdtemp(prefix="skillstate-doc-")
+    # Inside the repository's target/: `cargo` commands of the examples find the workspace.
+    base = os.path.join(ROOT, "target", "doc-examples")
+    os.makedirs(base, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=rel.replace("/", "_").removesuffix(".md") + ".", dir=base)
     for d in ("skills", "boards"):
         shutil.copytree(os.path.join(ROOT, d), os.path.join(work, d), symlinks=True)
     home = os.path.join(work, ".home")
