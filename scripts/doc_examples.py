@@ -215,6 +215,14 @@ class Shell:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
         deadline = time.time() + 5
         while time.time() < deadline:
             try:
