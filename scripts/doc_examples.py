@@ -182,7 +182,14 @@ class Shell:
         os.close(ctl_w)
         self.ctl = os.fdopen(self.ctl_r, "r")
         self.n = 0
-        self.send(f"exec 9>&{ctl_w} {ctl_w}>&-\nset -o pipefail\n")
+        # Every process a block starts in the background is remembered (the DEBUG trap, inherited
+        # into sourced files by set -T, sees each new $!); one that has exited with a failure
+        # fails the block it was found after (a server refusing a renamed flag, say).
+        self.send(f"exec 9>&{ctl_w} {ctl_w}>&-\nset -o pipefail -T\n__doc_bgs=; __doc_seen=\n"
+                  "__doc_bg() { local p s; for p in $__doc_bgs; do case \" $__doc_seen \" in *\" $p \"*) continue;; esac\n"
+                  "  if ! kill -0 $p 2>/dev/null; then wait $p 2>/dev/null; s=$?; __doc_seen=\"$__doc_seen $p\"\n"
+                  "    if [ $s -ne 0 ] && [ $s -ne 127 ]; then echo \"a command started in the background (pid $p) exited with status $s\" >> \"$1\"; fi\n"
+                  "  fi; done; }\n")
 
     def send(self, text):
         self.proc.stdin.write(text)
@@ -198,7 +205,9 @@ class Shell:
             f.write(script)
         open(err, "w").close()
         trap = f"trap 'echo \"line $LINENO (status $?): $BASH_COMMAND\" >> {err}' ERR\n" if errexit else "trap - ERR\n"
-        self.send(f"{trap}source {src} </dev/null >{out} 2>&1 9>&-; echo \"__done__ $?\" >&9\ntrap - ERR\n")
+        track = "trap 'case \" $__doc_bgs \" in *\" $! \"*) ;; *) [ -n \"$!\" ] && __doc_bgs=\"$__doc_bgs $!\";; esac' DEBUG\n"
+        self.send(f"{trap}{track}source {src} </dev/null >{out} 2>&1 9>&-; __doc_s=$?; trap - DEBUG ERR\n"
+                  f"__doc_bg {err}; echo \"__done__ $__doc_s\" >&9\n")
         import select
         ready, _, _ = select.select([self.ctl], [], [], timeout)
         if not ready:
@@ -208,6 +217,8 @@ class Shell:
             return -1, open(out, errors="replace").read(), ["the shell exited (an `exit` in the block?)"]
         status = int(status_line.split()[1])
         failed = [l for l in open(err).read().splitlines() if l and f"source {src}" not in l]
+        if not errexit:  # a console command: only what ran in the background counts
+            failed = [l for l in failed if l.startswith("a command started in the background")]
         return status, open(out, errors="replace").read(), failed
 
     def close(self):
@@ -262,6 +273,8 @@ def run_page(path, bindir, timeout, keep):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLSTATE_") or k == "SKILLSTATE_TEST_POSTGRES_URL"}
     env.update(HOME=home, PATH=bindir + os.pathsep + env.get("PATH", ""), SKILLSTATE_REPO=ROOT,
                NO_COLOR="1", TERM="dumb", COLUMNS="100")
+    # npx (the file-librarian skill's MCP server) keeps its downloads in the real npm cache.
+    env.setdefault("npm_config_cache", os.path.join(os.path.expanduser("~"), ".npm"))
     started = time.time()
     shell = Shell(work, env)
     try:
@@ -276,7 +289,9 @@ def run_page(path, bindir, timeout, keep):
             if status is None:
                 problem = f"timed out after {timeout} s"
             elif step.kind == "console":
-                if status != step.status:
+                if failed:
+                    problem = "failed: " + "; ".join(failed)
+                elif status != step.status:
                     problem = f"exit status {status}, expected {step.status}"
                 elif not matches(step.expected, out.split("\n")):
                     problem = "output differs from the expected output:\n" + excerpt("\n".join(step.expected) or "(no output)") + "\n  actual:"
@@ -290,6 +305,11 @@ def run_page(path, bindir, timeout, keep):
                 msg = f"{where}: {label} {problem}\n" + cmd + excerpt(out or "(no output)")
                 result["failures"].append(msg)
                 break  # the later blocks depend on this one
+        if not result["failures"]:
+            # A server the last blocks started in the background has had time to refuse its flags.
+            status, out, failed = shell.run("sleep 0.5\n", timeout, True)
+            if failed:
+                result["failures"].append(f"{rel}: at the end of the page: " + "; ".join(failed))
         for step in teardown:
             shell.run(step.script + "\n", timeout, False)
     finally:
