@@ -201,6 +201,7 @@ class Shell:
         base = os.path.join(self.dir, ".doc-example")
         os.makedirs(base, exist_ok=True)
         src, out, err = (os.path.join(base, f"{self.n}.{x}") for x in ("sh", "out", "err"))
+        self.out_path = out
         with open(src, "w") as f:
             f.write(script)
         open(err, "w").close()
@@ -277,12 +278,14 @@ def run_page(path, bindir, timeout, keep):
     env.setdefault("npm_config_cache", os.path.join(os.path.expanduser("~"), ".npm"))
     started = time.time()
     shell = Shell(work, env)
+    last_out = None
     try:
         for step in steps:
             errexit = step.kind != "console"
             status, out, failed = shell.run(step.script if step.script.endswith("\n") else step.script + "\n",
                                             timeout, errexit)
             where = f"{step.page}:{step.line}"
+            last_out = shell.out_path
             if step.kind in ("sh", "console"):
                 result["run"] += 1
             problem = None
@@ -309,7 +312,8 @@ def run_page(path, bindir, timeout, keep):
             # A server the last blocks started in the background has had time to refuse its flags.
             status, out, failed = shell.run("sleep 0.5\n", timeout, True)
             if failed:
-                result["failures"].append(f"{rel}: at the end of the page: " + "; ".join(failed))
+                result["failures"].append(f"{rel}: at the end of the page: " + "; ".join(failed)
+                                          + "\n  the output of the last block:\n" + excerpt(open(last_out, errors="replace").read() or "(no output)"))
         for step in teardown:
             shell.run(step.script + "\n", timeout, False)
     finally:
@@ -346,6 +350,8 @@ def main():
         parsed = {p: parse_page(p) for p in pages(args.pages)}
     except ValueError as e:
         sys.exit(f"doc-examples: {e}")
+    # The directories of the last run's failed pages go now.
+    shutil.rmtree(os.path.join(ROOT, "target", "doc-examples"), ignore_errors=True)
     total = {"run": 0, "checked": 0, "skipped": 0, "failed": 0}
     results = []
     t0 = time.time()
