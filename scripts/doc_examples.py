@@ -12,8 +12,9 @@ only. The convention, in short (docs/testing.md has it in full):
   a date and time, `[N]` a number. A last line `? 1` expects that exit status instead of 0.
 * The blocks of a page run in order in one bash process, in a fresh directory under
   target/doc-examples/ (so `cargo` finds the workspace) holding copies of the repository's
-  skills/ and boards/, with the binary first on PATH and HOME pointing inside it, so files and shell variables ($TASK) carry from one block
-  to the next; background servers started by a block are stopped when the page ends.
+  skills/ and boards/, with the binary first on PATH and HOME inside it, so files and shell
+  variables ($TASK) carry from one block to the next; processes a block starts in the
+  background are stopped when the page ends, and one that exits with a failure fails the page.
 * An HTML comment right before a block annotates it:
   `<!-- doc-example no-run: REASON -->` leaves the block out (REASON is printed);
   `<!-- doc-example setup: COMMANDS -->` (one or more lines) runs hidden commands at that point;
@@ -51,7 +52,7 @@ def parse_console(lines, first_line):
     while i < len(lines):
         line = lines[i]
         if not line.startswith("$ ") and line.strip() != "$":
-            raise ValueError(f"line {first_line + i}: a console block starts each command with `$ `")
+            raise ValueError(f"{first_line + i}: a console block starts each command with `$ `")
         cmd_line = first_line + i
         cmd = [line[2:]]
         i += 1
@@ -109,7 +110,11 @@ def parse_page(path):
                 if pending:
                     skipped.append((rel, start, pending[0]))
                 elif lang == "console":
-                    for cmd_line, cmd, out, status in parse_console(body, start + 1):
+                    try:
+                        items = parse_console(body, start + 1)
+                    except ValueError as e:
+                        raise ValueError(f"{rel}:{e}") from None
+                    for cmd_line, cmd, out, status in items:
                         steps.append(Step(rel, cmd_line, "console", cmd, out, status))
                 else:
                     steps.append(Step(rel, start, "sh", "\n".join(body) + "\n"))
