@@ -23,6 +23,8 @@ pub struct Config {
     /// `[store]`: `snapshot_every = 100`, `lease_secs = 30`, `transaction_pooler = true`.
     pub store: skillstate_store::StoreOptions,
     pub secrets: SecretsConfig,
+    /// `[telemetry]`: OpenTelemetry traces over OTLP/HTTP (off unless an endpoint is given).
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// Where this process keeps its files (not read from the file: `--data-dir`, `--db` and
     /// the configuration's own path, set by [`load_config`]).
     #[serde(skip)]

@@ -52,6 +52,18 @@ pub const CONFIG_RANGES: &[SettingRange] = &[
         1_000_000.0,
         "a price in USD per million tokens",
     ),
+    SettingRange::number(
+        "telemetry.sample_ratio",
+        0.0,
+        1.0,
+        "the share of traces recorded",
+    ),
+    SettingRange::integer(
+        "telemetry.timeout_ms",
+        1,
+        600_000,
+        "an OTLP export's timeout in milliseconds",
+    ),
     SettingRange::integer(
         "mcp.servers.*.timeout_secs",
         1,

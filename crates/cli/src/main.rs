@@ -8,6 +8,7 @@ mod hidden;
 mod limits;
 mod model;
 mod render;
+mod telemetry;
 mod toolbox;
 
 use std::path::PathBuf;
@@ -170,18 +171,52 @@ fn main() -> ExitCode {
     };
     // Known secret values are cleaned from everything printed, logs included. A configuration
     // that does not load still protects the usual key variables; the command reports the error.
-    let secrets = config::load_config(cli.config.as_deref())
-        .unwrap_or_default()
-        .secrets();
-    term::install_secrets(secrets);
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SKILLSTATE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(|| term::CleanStderr)
-        .with_ansi(false)
-        .init();
+    let loaded = config::load_config(cli.config.as_deref()).unwrap_or_default();
+    term::install_secrets(loaded.secrets());
+    // Traces only when the OTEL_* variables or `[telemetry]` ask for them; otherwise no
+    // exporter and no layer exist (docs/operations/telemetry.md).
+    let mut telemetry_problem = None;
+    let (telemetry, otel_layer) = match loaded.telemetry.resolve(|name| std::env::var(name).ok()) {
+        None => (None, None),
+        Some(settings) => match telemetry::Telemetry::start(&settings) {
+            Ok((telemetry, tracer)) => {
+                use tracing_subscriber::Layer as _;
+                let layer = tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_location(false)
+                    .with_threads(false)
+                    .with_target(false)
+                    .with_level(false)
+                    .with_tracked_inactivity(false)
+                    .with_filter(
+                        tracing_subscriber::filter::Targets::new()
+                            .with_target(skillstate_runtime::spans::TARGET, tracing::Level::INFO),
+                    );
+                (Some(telemetry), Some(layer))
+            }
+            Err(problem) => {
+                telemetry_problem = Some(problem);
+                (None, None)
+            }
+        },
+    };
+    {
+        use tracing_subscriber::prelude::*;
+        let logs = tracing_subscriber::fmt::layer()
+            .with_writer(|| term::CleanStderr)
+            .with_ansi(false)
+            .with_filter(
+                tracing_subscriber::EnvFilter::try_from_env("SKILLSTATE_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            );
+        tracing_subscriber::registry()
+            .with(logs)
+            .with(otel_layer)
+            .init();
+    }
+    if let Some(problem) = telemetry_problem {
+        tracing::warn!("traces are off: {problem}");
+    }
     if let Err(error) = protected {
         tracing::debug!("cannot make the process non-dumpable: {error}");
     }
@@ -255,6 +290,12 @@ fn main() -> ExitCode {
             }
         }
     });
+    // The last spans leave before the process does (serve and worker return here after their
+    // drain, run when its task stops).
+    drop(runtime);
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
     match result {
         Ok(code) => code,
         Err(error) => {

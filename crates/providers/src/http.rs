@@ -99,6 +99,12 @@ impl Transport {
             for (name, value) in headers {
                 request = request.header(*name, value);
             }
+            // The model call's span is the parent of what the model server records.
+            if crate::trace_context::enabled() {
+                let mut trace = reqwest::header::HeaderMap::new();
+                crate::trace_context::inject(&mut trace);
+                request = request.headers(trace);
+            }
             let (failure, retry_after) = match request.send().await {
                 Ok(response) => {
                     let status = response.status().as_u16();

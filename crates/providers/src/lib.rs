@@ -11,6 +11,7 @@ mod http;
 mod openai;
 mod scripted;
 mod settings;
+pub mod trace_context;
 
 use std::sync::Arc;
 use std::time::Duration;

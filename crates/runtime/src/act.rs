@@ -20,6 +20,7 @@ use crate::step::StepEnd;
 use crate::step_loop::Runner;
 use crate::voice::{messages_first, not_the_user};
 use crate::world::WorldChange;
+use tracing::Instrument;
 
 impl Runner<'_> {
     #[allow(clippy::too_many_arguments)]
@@ -142,6 +143,10 @@ impl Runner<'_> {
         failpoint("after_commit");
         *state = accepted.new_state;
         *version = step;
+        if let Some((status, _)) = &status {
+            self.run_span
+                .record("skillstate.task.status", status.as_str());
+        }
         if status.is_some() {
             return Ok(Acted::Done(StepEnd::Stop, None));
         }
@@ -169,6 +174,41 @@ impl Runner<'_> {
     }
 
     pub(crate) async fn execute(
+        &mut self,
+        task: &str,
+        step: u64,
+        name: &str,
+        args: &Value,
+        env_tools: &[Arc<dyn Tool>],
+    ) -> ToolOutput {
+        let span = crate::spans::tool_call(task, step, name);
+        let output = self
+            .execute_traced(task, step, name, args, env_tools)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            span.record("skillstate.tool.ok", output.ok);
+            if !output.ok {
+                span.record("error.type", "tool_error");
+            }
+            match self.content {
+                Ok(()) => {
+                    span.record(
+                        "gen_ai.tool.call.arguments",
+                        crate::spans::clip(&args.to_string()),
+                    );
+                    span.record("gen_ai.tool.call.result", crate::spans::clip(&output.text));
+                }
+                Err("") => {}
+                Err(reason) => {
+                    span.record("skillstate.content_withheld", reason);
+                }
+            }
+        }
+        output
+    }
+
+    async fn execute_traced(
         &mut self,
         task: &str,
         step: u64,

@@ -27,6 +27,8 @@ pub struct TaskFrame {
     pub(crate) output_schema: Arc<Value>,
     /// The board the task is attached to, if any (`attach`).
     pub(crate) board: Option<crate::board::BoardFrame>,
+    /// The state schema mentions `writeOnly`: its values appear in prompts and answers.
+    write_only: bool,
 }
 
 impl TaskFrame {
@@ -51,15 +53,30 @@ impl TaskFrame {
         let catalog = ToolCatalog::new(tools)?;
         let read_only = skill.schema.declared_read_only_properties();
         let output_schema = Arc::new(step_output_schema(&skill.schema, catalog.specs()));
+        let write_only = skillstate_core::write_only::mentions_write_only(&skill.definition.schema);
         Ok(Self {
             skill,
             catalog,
             read_only,
             context,
             context_budget,
+            write_only,
             output_schema,
             board: None,
         })
+    }
+
+    /// Why this task's prompts and answers never go into a span, whatever
+    /// `capture_content` says: write-only values in its state, or a board (whose schemas may
+    /// have some).
+    pub(crate) fn content_withheld(&self) -> Option<&'static str> {
+        if self.write_only {
+            Some("write_only")
+        } else if self.board.is_some() {
+            Some("board")
+        } else {
+            None
+        }
     }
 
     /// Attaches the task's board: its prompts show it at `/board`, and the answer form lets

@@ -19,6 +19,7 @@ mod rate;
 pub mod recall;
 mod recovery;
 mod select;
+pub mod spans;
 mod state_write;
 mod step;
 mod step_loop;
@@ -37,6 +38,7 @@ pub use rate::SharedRateLimit;
 pub use recall::{RecallPage, RecallReader, RecallTool, available_tools, with_recall};
 pub use recovery::{check_continuity, is_retryable};
 pub use select::{SelectError, select_tools};
+pub use skillstate_providers::trace_context;
 pub use state_write::{
     PatchCheck, StateWrite, StateWriteError, Written, check_patch_ahead, write_state,
     write_state_read,

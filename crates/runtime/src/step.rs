@@ -13,8 +13,10 @@ use skillstate_core::prompt::Turn;
 use skillstate_core::validate::Document;
 use skillstate_core::{Action, Rejection, RejectionKind, StepRules, count_tokens, validate_step};
 use skillstate_providers::ModelRequest;
+use skillstate_providers::{ProviderError, Usage, trace_context};
 use skillstate_store::{JournalEntry, LeasedWrite, TaskStatus, Verdict};
 use skillstate_tools::{Tool, failpoint};
+use tracing::Instrument;
 
 use crate::RuntimeError;
 use crate::act::{Acted, unreachable_refusal};
@@ -98,6 +100,25 @@ impl Runner<'_> {
             let prompt = frame.prompt(&shown, &observation, &retry, turns);
             let text = prompt.text();
             let prompt_tokens = count_tokens(&text);
+            let call_span = if trace_context::enabled() {
+                crate::spans::model_call(task, step, attempt, &self.model.spec())
+            } else {
+                tracing::Span::none()
+            };
+            let content = crate::spans::content_allowed(frame.content_withheld());
+            match content {
+                Ok(()) => {
+                    let shown = Outside::new(text.clone()).redacted(&self.secrets);
+                    call_span.record(
+                        "gen_ai.input.messages",
+                        messages("user", crate::spans::clip(&shown)),
+                    );
+                }
+                Err("") => {}
+                Err(reason) => {
+                    call_span.record("skillstate.content_withheld", reason);
+                }
+            }
             let started = Instant::now();
             failpoint("before_model");
             let response = match self
@@ -107,6 +128,7 @@ impl Runner<'_> {
                     prompt_tokens,
                     output_schema: Some(frame.output_schema.clone()),
                 })
+                .instrument(call_span.clone())
                 .await
             {
                 Ok(response) => response,
@@ -115,6 +137,8 @@ impl Runner<'_> {
                 // running, for the next worker to continue.
                 Err(_) if self.draining() => return Ok(StepEnd::Stop),
                 Err(error) => {
+                    call_span.record("error.type", provider_error_type(&error));
+                    tracing::Span::current().record("skillstate.step.verdict", "provider_error");
                     crate::metrics::model_failed();
                     self.finish(
                         task,
@@ -131,6 +155,19 @@ impl Runner<'_> {
             failpoint("after_model");
             // The answer is untrusted text: secrets it echoes are gone before anything reads it.
             let answer_text = Outside::new(response.text).redacted(&self.secrets);
+            record_usage(
+                &call_span,
+                prompt_tokens,
+                &answer_text,
+                response.usage.as_ref(),
+                response.truncated,
+            );
+            if content.is_ok() {
+                call_span.record(
+                    "gen_ai.output.messages",
+                    messages("assistant", crate::spans::clip(&answer_text)),
+                );
+            }
             let mut verdict = match (&frame.board, &seen) {
                 (Some(board), Some(seen)) => validate_board_step(
                     &rules,
@@ -148,6 +185,10 @@ impl Runner<'_> {
                 rejected.rejections.insert(0, truncation_rejection());
             }
 
+            record_verdict(
+                &call_span,
+                verdict.as_ref().map(|_| ()).map_err(|r| &r.rejections[..]),
+            );
             self.observer
                 .attempt(step, attempt, prompt_tokens, verdict.as_ref());
             crate::metrics::answer(verdict.as_ref());
@@ -182,6 +223,17 @@ impl Runner<'_> {
                 Ok(accepted) => {
                     let answer = entry.output.clone();
                     let action = accepted.action.summary();
+                    let step_span = tracing::Span::current();
+                    step_span.record("skillstate.step.verdict", "accepted");
+                    step_span.record("skillstate.step.attempts", i64::from(attempt));
+                    step_span.record(
+                        "skillstate.action",
+                        match &accepted.action {
+                            Action::Tool { name, .. } => name.as_str(),
+                            Action::Finish { .. } => "finish",
+                            Action::AskUser { .. } => "ask_user",
+                        },
+                    );
                     let needs_approval = match &accepted.action {
                         Action::Tool { name, .. } => {
                             frame.catalog.get(name).is_some_and(|t| t.needs_approval)
@@ -234,6 +286,12 @@ impl Runner<'_> {
                 }
             }
         }
+        let step_span = tracing::Span::current();
+        step_span.record("skillstate.step.verdict", "rejected");
+        step_span.record(
+            "skillstate.step.attempts",
+            i64::from(attempt.saturating_sub(1)),
+        );
         let summary: Vec<String> = retry.iter().map(ToString::to_string).collect();
         self.finish(
             task,
@@ -263,5 +321,84 @@ fn truncation_rejection() -> Rejection {
         message:
             "the answer was cut off at the token limit before it was complete; answer more briefly"
                 .into(),
+    }
+}
+
+/// The GenAI conventions' message list of one text part, as JSON text.
+pub(crate) fn messages(role: &str, text: &str) -> String {
+    json!([{"role": role, "parts": [{"type": "text", "content": text}]}]).to_string()
+}
+
+/// A model call's token counts: the provider's when it reported them, else counted here
+/// (`skillstate.usage.reported = false`); its finish reason.
+fn record_usage(
+    span: &tracing::Span,
+    prompt_tokens: usize,
+    answer: &str,
+    usage: Option<&Usage>,
+    truncated: bool,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    match usage {
+        Some(usage) => {
+            span.record("gen_ai.usage.input_tokens", count(usage.input_tokens));
+            span.record("gen_ai.usage.output_tokens", count(usage.output_tokens));
+            if let Some(cached) = usage.cached_input_tokens {
+                span.record("gen_ai.usage.cache_read.input_tokens", count(cached));
+            }
+            if let Some(written) = usage.cache_write_tokens {
+                span.record("gen_ai.usage.cache_creation.input_tokens", count(written));
+            }
+            span.record("skillstate.usage.reported", true);
+        }
+        None => {
+            span.record("gen_ai.usage.input_tokens", prompt_tokens as i64);
+            span.record("gen_ai.usage.output_tokens", count_tokens(answer) as i64);
+            span.record("skillstate.usage.reported", false);
+        }
+    }
+    let reason = if truncated { "length" } else { "stop" };
+    trace_context::set_strings(span, "gen_ai.response.finish_reasons", &[reason]);
+}
+
+/// A count as a span attribute: the OpenTelemetry bridge exports integers as `i64`.
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// An answer's verdict on its model call's span: the first rejection's kind and pointer (a
+/// location in the answer or the state, never a value), and how many there were.
+fn record_verdict(span: &tracing::Span, verdict: Result<(), &[Rejection]>) {
+    if span.is_disabled() {
+        return;
+    }
+    match verdict {
+        Ok(()) => {
+            span.record("skillstate.verdict", "accepted");
+        }
+        Err(rejections) => {
+            span.record("skillstate.verdict", "rejected");
+            span.record("skillstate.rejections", rejections.len() as i64);
+            if let Some(first) = rejections.first() {
+                span.record("skillstate.rejection.kind", first.kind.as_str());
+                span.record("skillstate.rejection.pointer", first.pointer.as_str());
+            }
+        }
+    }
+}
+
+/// `error.type` of a failed model call: the error's kind, never its text.
+fn provider_error_type(error: &ProviderError) -> &'static str {
+    match error {
+        ProviderError::UnknownSpec(_) => "unknown_spec",
+        ProviderError::Script { .. } | ProviderError::Exhausted { .. } => "script",
+        ProviderError::Auth { .. } => "auth",
+        ProviderError::ModelNotFound { .. } => "model_not_found",
+        ProviderError::Rejected { .. } => "rejected",
+        ProviderError::Unavailable { .. } => "unavailable",
+        ProviderError::Protocol { .. } => "protocol",
+        ProviderError::Config(_) => "config",
     }
 }

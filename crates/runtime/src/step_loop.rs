@@ -13,6 +13,7 @@ use skillstate_core::secrets::Redactor;
 use skillstate_providers::ModelProvider;
 use skillstate_store::{ActionResult, LeasedWrite, Store, TaskRecord, TaskStatus};
 use skillstate_tools::{DEFAULT_CALL_LIMIT, Environment, Tool, find_tool};
+use tracing::Instrument;
 
 use crate::board::BoardFrame;
 use crate::frame::{TaskFrame, turns_from};
@@ -45,6 +46,13 @@ pub struct Runner<'a> {
     pub(crate) held_result: Option<(String, ActionResult)>,
     /// Where the stored checkpoint of the task's world stands (`world`).
     pub(crate) world: crate::world::WorldClock,
+    /// The W3C `traceparent` the task's run span continues (the request that queued it).
+    trace_parent: Option<String>,
+    /// The span of the run in progress (`spans::task`); disabled when telemetry is off.
+    pub(crate) run_span: tracing::Span,
+    /// Whether tool calls' spans may carry arguments and results (`spans::content_allowed`
+    /// for the task being driven; `Err("")` until a drive decides).
+    pub(crate) content: Result<(), &'static str>,
 }
 
 /// What a runner was asked to do with a stored task.
@@ -78,6 +86,9 @@ impl<'a> Runner<'a> {
             next_observation: None,
             held_result: None,
             world: Default::default(),
+            trace_parent: None,
+            run_span: tracing::Span::none(),
+            content: Err(""),
             model,
         }
     }
@@ -101,6 +112,13 @@ impl<'a> Runner<'a> {
     pub fn with_secrets(mut self, secrets: &Redactor) -> Self {
         self.secrets.extend(secrets);
         self.model.withhold(&self.secrets);
+        self
+    }
+
+    /// Makes the run's span a child of this W3C `traceparent` (stored with a queued task by
+    /// the request that created it); ignored when telemetry is off or it does not parse.
+    pub fn with_trace_parent(mut self, traceparent: Option<String>) -> Self {
+        self.trace_parent = traceparent;
         self
     }
 
@@ -298,8 +316,16 @@ impl<'a> Runner<'a> {
         turns: &mut Vec<Turn>,
         earlier: Attempts,
     ) -> Result<(), RuntimeError> {
+        let span = crate::spans::task(
+            &task.id,
+            &frame.skill.definition.name,
+            self.trace_parent.as_deref(),
+        );
+        self.run_span = span.clone();
+        self.content = crate::spans::content_allowed(frame.content_withheld());
         let driven = self
             .drive_steps(task, frame, env_tools, turns, earlier)
+            .instrument(span)
             .await;
         if self.check_lease().is_err() {
             self.held_result = None;
@@ -372,6 +398,7 @@ impl<'a> Runner<'a> {
                     env_tools,
                     turns,
                 )
+                .instrument(crate::spans::step(&task.id, step))
                 .await?
             {
                 return Ok(());
@@ -386,6 +413,8 @@ impl<'a> Runner<'a> {
         mut outcome: Value,
     ) -> Result<(), RuntimeError> {
         self.write_held_result().await?;
+        self.run_span
+            .record("skillstate.task.status", status.as_str());
         self.secrets.redact_json(&mut outcome);
         self.writer()
             .write(

@@ -393,13 +393,19 @@ async fn run_one(
         let failure = failure_text(task.outcome.as_ref());
         return settle_done(&store, &events, &id, &token, task.version, failure).await;
     }
+    // A task queued by a traced request continues its trace (read only when traces are on).
+    let trace_parent = if crate::trace_context::enabled() {
+        store.trace_context(&id).await?
+    } else {
+        None
+    };
     let run = match run_hosted(
         &store,
         host.as_ref(),
         &options,
         &drain,
         &events,
-        (&task, messaged),
+        (&task, messaged, trace_parent),
         lease,
         batch.as_ref(),
     )
@@ -568,7 +574,7 @@ async fn run_hosted(
     options: &WorkerOptions,
     drain: &Drain,
     events: &Events,
-    (task, messaged): (&TaskRecord, bool),
+    (task, messaged, trace_parent): (&TaskRecord, bool, Option<String>),
     lease: HeldLease,
     batch: Option<&BatchRecord>,
 ) -> RunEnd {
@@ -600,7 +606,8 @@ async fn run_hosted(
                 .with_lease_policy(options.lease.clone())
                 .with_secrets(&options.secrets)
                 .with_tool_limit(options.tool_limit)
-                .with_stop(drain.flag());
+                .with_stop(drain.flag())
+                .with_trace_parent(trace_parent);
         runner.run_claimed(&task.id, lease, retry).await
     };
     host.close(hosted).await;

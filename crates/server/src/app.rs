@@ -300,6 +300,7 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http())
         .layer(from_fn_with_state(config, finish_problems))
         .layer(from_fn(crate::metrics::track))
+        .layer(from_fn(crate::trace::trace_request))
 }
 
 /// Serves the service on `listener` until `shutdown` completes; then stops accepting, ends

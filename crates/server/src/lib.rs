@@ -32,6 +32,7 @@ mod openapi;
 pub mod policy;
 mod problem;
 pub mod routes;
+mod trace;
 mod viewer;
 mod views;
 

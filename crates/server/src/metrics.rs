@@ -139,7 +139,7 @@ pub(crate) async fn track(request: Request, next: Next) -> Response {
 }
 
 /// The method as a label; an extension method (any token a client sends) is `other`.
-fn method_label(method: &Method) -> &'static str {
+pub(crate) fn method_label(method: &Method) -> &'static str {
     const KNOWN: [(Method, &str); 9] = [
         (Method::GET, "GET"),
         (Method::POST, "POST"),

@@ -83,6 +83,11 @@ pub const SQLITE: &[Migration] = &[
         name: "board_schemas",
         sql: include_str!("../migrations/sqlite/0014_board_schemas.sql"),
     },
+    Migration {
+        version: 15,
+        name: "trace_context",
+        sql: include_str!("../migrations/sqlite/0015_trace_context.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[
@@ -155,6 +160,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 14,
         name: "board_schemas",
         sql: include_str!("../migrations/postgres/0014_board_schemas.sql"),
+    },
+    Migration {
+        version: 15,
+        name: "trace_context",
+        sql: include_str!("../migrations/postgres/0015_trace_context.sql"),
     },
 ];
 

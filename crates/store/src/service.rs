@@ -81,6 +81,10 @@ pub struct TaskOwner {
     pub labels: Value,
     /// The batch (full id) the task is queued in, when it is created as part of one.
     pub batch: Option<String>,
+    /// The W3C `traceparent` of the request that created the task (already parsed and
+    /// re-formatted by the caller), stored with it so that the worker that runs it continues
+    /// the trace (`Tasks::trace_context`). `None` for an untraced request.
+    pub trace_context: Option<String>,
 }
 
 /// One page of a task listing. Newest first; `after` is the id of the last task of the

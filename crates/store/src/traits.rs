@@ -88,6 +88,9 @@ pub trait Tasks: Send + Sync {
     async fn skill_version(&self, hash: &str) -> Result<SkillChange>;
     /// Every stored skill version, by name and then age, with the tasks that run it now.
     async fn skill_versions(&self) -> Result<Vec<SkillVersionSummary>>;
+    /// The W3C `traceparent` stored with `task` (full id) by the request that created it
+    /// (`TaskOwner::trace_context`); `None` when it has none. `NotFound` for an unknown task.
+    async fn trace_context(&self, task: &str) -> Result<Option<String>>;
     /// Schedules `task`, still at `expected_version` (else `Conflict`), to move to `change`
     /// once its waiting action is settled (`TaskRecord::upgrade_to`), or unschedules it
     /// (`None`). The version is stored now.

@@ -1384,13 +1384,13 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 // ---------------------------------------------------------------------------------------------
 // Opening and migrations
 
-/// The newest schema version of `backend`. Both are at 14; their seventh migrations differ:
+/// The newest schema version of `backend`. Both are at 15; their seventh migrations differ:
 /// SQLite moved skill and tools out of `tasks` (PostgreSQL's TOAST did not need it then),
 /// PostgreSQL added the batch claim's index.
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 14,
-        Backend::Postgres => 14,
+        Backend::Sqlite => 15,
+        Backend::Postgres => 15,
     }
 }
 

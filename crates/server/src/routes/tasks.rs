@@ -344,6 +344,9 @@ async fn create_owned(
         idempotency_key: key.clone(),
         labels: json!(request.labels),
         batch: batch.clone(),
+        // The request's span, a child of the caller's `traceparent` when it sent one: the
+        // worker that runs the task continues this trace.
+        trace_context: crate::trace::request_traceparent(),
     };
     let (record, created) = state
         .store

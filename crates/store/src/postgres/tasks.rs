@@ -29,8 +29,8 @@ pub(super) async fn insert_task(
 ) -> Result<bool> {
     let spec = SpecTexts::of(task);
     let inserted = sqlx::query(
-        "INSERT INTO tasks (id, skill_name, spec_hash, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels, batch_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, 0, $10, $10, $11, $12, $13, $14) \
+        "INSERT INTO tasks (id, skill_name, spec_hash, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, tenant, idempotency_key, labels, batch_id, trace_context) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, 0, $10, $10, $11, $12, $13, $14, $15) \
          ON CONFLICT (tenant, idempotency_key) WHERE tenant IS NOT NULL AND idempotency_key IS NOT NULL DO NOTHING",
     )
     .bind(id)
@@ -47,6 +47,7 @@ pub(super) async fn insert_task(
     .bind(owner.and_then(|o| o.idempotency_key.as_deref()))
     .bind(owner.map(|o| to_json(&o.labels)))
     .bind(owner.and_then(|o| o.batch.as_deref()))
+    .bind(owner.and_then(|o| o.trace_context.as_deref()))
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() != 1 {
@@ -387,6 +388,15 @@ impl Tasks for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(version_summary).collect())
+    }
+
+    async fn trace_context(&self, task: &str) -> Result<Option<String>> {
+        let found: Option<Option<String>> =
+            sqlx::query_scalar("SELECT trace_context FROM tasks WHERE id = $1")
+                .bind(task)
+                .fetch_optional(&self.pool)
+                .await?;
+        found.ok_or_else(|| StoreError::NotFound(task.to_owned()))
     }
 
     async fn schedule_upgrade(

@@ -39,6 +39,7 @@ pub(super) struct TaskRow {
     labels: Option<String>,
     tenant: Option<String>,
     idempotency_key: Option<String>,
+    trace_context: Option<String>,
 }
 
 impl TaskRow {
@@ -68,6 +69,7 @@ impl TaskRow {
             labels: labels.map(to_json),
             tenant: None,
             idempotency_key: None,
+            trace_context: None,
         }
     }
 
@@ -81,6 +83,7 @@ impl TaskRow {
         Self {
             tenant: Some(owner.tenant.clone()),
             idempotency_key: owner.idempotency_key.clone(),
+            trace_context: owner.trace_context.clone(),
             ..Self::new(task, initial_state, Some(&owner.labels))
         }
     }
@@ -136,8 +139,8 @@ pub(super) fn insert_tasks(
     now: i64,
 ) -> OpResult<()> {
     let mut task = conn.prepare_cached(
-            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key, spec_hash) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO tasks (id, skill_name, context, context_budget, model, environment, env_checkpoint, status, state, version, created_at, updated_at, batch_id, queue, labels, tenant, idempotency_key, spec_hash, trace_context) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )?;
     let mut version = conn.prepare_cached(super::INSERT_VERSION)?;
     let mut runs = conn.prepare_cached(
@@ -181,6 +184,7 @@ pub(super) fn insert_tasks(
             row.tenant,
             row.idempotency_key,
             row.spec_hash,
+            row.trace_context,
         ])?;
         runs.execute(params![row.id, row.spec_hash])?;
         snapshot.execute(params![row.id, row.state, row.state_hash])?;

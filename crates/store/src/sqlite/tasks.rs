@@ -262,6 +262,15 @@ impl Tasks for SqliteStore {
         Ok(rows.into_iter().map(version_summary).collect())
     }
 
+    async fn trace_context(&self, task: &str) -> Result<Option<String>> {
+        let found: Option<Option<String>> =
+            sqlx::query_scalar("SELECT trace_context FROM tasks WHERE id = ?")
+                .bind(task)
+                .fetch_optional(&self.pool)
+                .await?;
+        found.ok_or_else(|| StoreError::NotFound(task.to_owned()))
+    }
+
     async fn schedule_upgrade(
         &self,
         task: &str,

@@ -18,6 +18,7 @@ fn owner(tenant: &str, key: Option<&str>, labels: Value) -> TaskOwner {
         idempotency_key: key.map(str::to_owned),
         labels,
         batch: None,
+        trace_context: None,
     }
 }
 
@@ -1221,6 +1222,44 @@ fn in_batch(tenant: &str, batch: &str) -> TaskOwner {
         batch: Some(batch.to_owned()),
         ..owner(tenant, None, json!({}))
     }
+}
+
+/// The `traceparent` of the request that created a task is stored with it, for the worker that
+/// runs it; a task created untraced, or outside the service, has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_keeps_the_trace_context_it_was_created_with() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = TaskOwner {
+            trace_context: Some(traceparent.to_owned()),
+            ..owner("acme", None, json!({}))
+        };
+        let (task, created) = store
+            .create_owned_task(new_task(), &json!({"n": 1}), &traced)
+            .await?;
+        assert!(created);
+        assert_eq!(
+            store.trace_context(&task.id).await?.as_deref(),
+            Some(traceparent)
+        );
+        let (untraced, _) = store
+            .create_owned_task(
+                new_task(),
+                &json!({"n": 1}),
+                &owner("acme", None, json!({})),
+            )
+            .await?;
+        assert_eq!(store.trace_context(&untraced.id).await?, None);
+        let local = store.create_task(new_task(), &json!({"n": 1})).await?;
+        assert_eq!(store.trace_context(&local.id).await?, None);
+        match store.trace_context("no-such-task").await {
+            Err(StoreError::NotFound(_)) => {}
+            other => anyhow::bail!("expected NotFound, got {other:?}"),
+        }
+        Ok(())
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
