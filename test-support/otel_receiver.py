@@ -9,11 +9,15 @@ Decodes each POST /v1/traces body (protobuf `ExportTraceServiceRequest`, through
 ids in lower-case hex (parent "" for a root span), kind as the protobuf enum's name
 (SPAN_KIND_SERVER...), attributes as a flat object (arrays as lists).
 
-    otel_receiver.py --port-file PATH --out PATH [--port 0]
+    otel_receiver.py --port-file PATH --out PATH [--port 0] [--count-only]
 
 Listens on 127.0.0.1 (port 0: any free port), writes the port it got to --port-file once it
 listens, answers each export with an empty `ExportTraceServiceResponse`, and stops on
 SIGTERM or SIGINT. scripts/test installs its venv (target/otel-receiver).
+
+--count-only (for overhead benchmarks on one machine, where decoding in Python would take CPU
+from the process measured): each export is answered at once and only its byte size is logged
+as `{"export_bytes": N}`, not decoded.
 """
 
 import argparse
@@ -67,6 +71,7 @@ def spans_of(request):
 
 class Handler(BaseHTTPRequestHandler):
     out = None
+    count_only = False
 
     def do_POST(self):
         if self.path != "/v1/traces":
@@ -74,6 +79,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
+        if self.count_only:
+            with LOCK:
+                with open(self.out, "a", encoding="utf-8") as out:
+                    out.write(json.dumps({"export_bytes": len(body)}) + "\n")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.headers.get("Content-Encoding", "").lower() == "gzip":
             import gzip
 
@@ -105,8 +119,10 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--count-only", action="store_true")
     args = parser.parse_args()
     Handler.out = args.out
+    Handler.count_only = args.count_only
     open(args.out, "a").close()
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True

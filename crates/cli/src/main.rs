@@ -188,6 +188,9 @@ fn main() -> ExitCode {
                     .with_target(false)
                     .with_level(false)
                     .with_tracked_inactivity(false)
+                    // Spans' OpenTelemetry contexts are read with `OpenTelemetrySpanExt`, never
+                    // from the current context: no thread-local push on every poll.
+                    .with_context_activation(false)
                     .with_filter(
                         tracing_subscriber::filter::Targets::new()
                             .with_target(skillstate_runtime::spans::TARGET, tracing::Level::INFO),
