@@ -168,6 +168,45 @@ fn named<'a>(spans: &'a [Value], trace: &str, name: &str) -> Vec<&'a Value> {
 async fn a_task_queued_by_a_traced_request_is_traced_by_the_worker_that_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
+    let db = root.join("traces.db").display().to_string();
+    traced_through_the_queue(&root, &db).await;
+}
+
+/// The same on PostgreSQL (a schema of its own on the test server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_queued_on_postgresql_by_a_traced_request_is_traced_by_its_worker() {
+    let url = std::env::var("SKILLSTATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if url == "off" {
+        skip::skip_test(
+            "SKILLSTATE_TEST_POSTGRES_URL=off",
+            "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
+        );
+        return;
+    }
+    let schema = "telemetry_queue";
+    let reset = |statement: String| {
+        let url = url.clone();
+        async move {
+            use sqlx::Connection;
+            let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .execute(&mut connection)
+                .await
+                .unwrap();
+        }
+    };
+    reset(format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+    reset(format!("CREATE SCHEMA {schema}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let db = format!("{url}?options=-c%20search_path%3D{schema}");
+    traced_through_the_queue(&root, &db).await;
+    reset(format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+}
+
+async fn traced_through_the_queue(root: &Path, db: &str) {
+    let root = root.to_path_buf();
     let Some((_receiver, port, spans_file)) = start_receiver(&root) else {
         return;
     };
@@ -182,11 +221,10 @@ async fn a_task_queued_by_a_traced_request_is_traced_by_the_worker_that_runs_it(
         "[secrets]\nenv = [\"TELEMETRY_TEST_SECRET\"]\n\n[telemetry]\nservice_name = \"skillstate-test\"\ncapture_content = true\ntimeout_ms = 5000\n",
     )
     .unwrap();
-    let db = root.join("traces.db");
     let endpoint = format!("http://127.0.0.1:{port}");
     let traced = |command: &mut Command| {
         command
-            .env("SKILLSTATE_DB", &db)
+            .env("SKILLSTATE_DB", db)
             .env("SKILLSTATE_CONFIG", &config)
             .env("SKILLSTATE_DATA_DIR", root.join("data"))
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
@@ -195,7 +233,10 @@ async fn a_task_queued_by_a_traced_request_is_traced_by_the_worker_that_runs_it(
     };
 
     let key = {
-        let out = skillstate(&db, &["keys", "create", "--tenant", "acme", "--label", "t"]);
+        let out = skillstate(
+            Path::new(db),
+            &["keys", "create", "--tenant", "acme", "--label", "t"],
+        );
         assert!(
             out.status.success(),
             "{}",
