@@ -825,9 +825,20 @@ async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Res
     .await
 }
 
+/// Takes `db` back to schema 14, as a release before tasks kept a trace context.
+pub(super) async fn back_to_schema_14(db: &Db) -> anyhow::Result<()> {
+    db.execute(
+        "ALTER TABLE tasks DROP COLUMN trace_context; \
+         DELETE FROM schema_migrations WHERE version >= 15",
+    )
+    .await?;
+    Ok(())
+}
+
 /// Takes `db` back to schema 13, as a release before board schema histories wrote it: one
 /// schema per board, in `boards`.
 pub(super) async fn back_to_schema_13(db: &Db) -> anyhow::Result<()> {
+    back_to_schema_14(db).await?;
     let sql = match db.backend {
         Backend::Sqlite => {
             "DROP TABLE board_schemas; DELETE FROM schema_migrations WHERE version >= 14"
