@@ -1,5 +1,5 @@
 """The long-task curve of `skillstate bench warehouse --long-task N`, run as a LangGraph agent loop
-with LangGraph's own SQLite checkpointer, for comparison (README "Performance").
+with LangGraph's own SQLite checkpointer, for comparison (docs/performance.md, "Performance").
 
 The graph is the usual agent loop: a `model` node and a `tool` node in a cycle, checkpointed after
 every super-step (`durability="sync"`: each checkpoint is written before the next step starts)

@@ -1,5 +1,5 @@
 //! What the CLI shows of a task: never the values its state schema marks `"writeOnly": true`
-//! (README, "Secrets in state"). States and patches show them as `[redacted]`; free text (a
+//! (docs/skills.md, "Secrets in state"). States and patches show them as `[redacted]`; free text (a
 //! prompt, an observation, a tool's result, an outcome, a rejection) loses every write-only
 //! value the task's kept history holds; hashes of a content that held one are withheld.
 

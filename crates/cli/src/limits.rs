@@ -2,6 +2,8 @@
 //! the numeric flags that the runtime counts with. A value out of range is refused where it is
 //! read, with the file and line or the flag, instead of overflowing or wrapping later.
 
+#[cfg(test)]
+use skillstate_core::skill::Allowed;
 use skillstate_core::skill::{SettingRange, check_ranges};
 
 /// Every numeric setting of `skillstate.toml`; `*` stands for a server name or a model spec.
@@ -114,6 +116,86 @@ pub const CONFIG_RANGES: &[SettingRange] = &[
     ),
 ];
 
+/// The configuration reference's table of allowed ranges (docs/operations/configuration.md,
+/// between its `ranges` markers), rendered from [`CONFIG_RANGES`]: a test fails when the page
+/// and the code differ, and `SKILLSTATE_BLESS=1 cargo test -p skillstate --bin skillstate
+/// limits` writes the page anew. Consecutive settings with the same range and meaning share a
+/// row.
+#[cfg(test)]
+pub fn ranges_table() -> String {
+    let mut rows: Vec<(Vec<&str>, String, &str)> = Vec::new();
+    for range in CONFIG_RANGES {
+        let shown = match range.allowed {
+            Allowed::Integer { min, max } => {
+                format!(
+                    "{}–{}",
+                    integer_text(range.key, min),
+                    integer_text(range.key, max)
+                )
+            }
+            Allowed::Number { min, max } => format!("{}–{}", number_text(min), number_text(max)),
+        };
+        match rows.last_mut() {
+            Some((keys, last, meaning)) if *last == shown && *meaning == range.meaning => {
+                keys.push(range.key)
+            }
+            _ => rows.push((vec![range.key], shown, range.meaning)),
+        }
+    }
+    let mut table = String::from("| key | range | what it bounds |\n|---|---|---|\n");
+    for (keys, shown, meaning) in rows {
+        let keys: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+        table.push_str(&format!("| {} | {shown} | {meaning} |\n", keys.join(", ")));
+    }
+    table
+}
+
+/// An integer bound as a reader takes it in: `2⁶³−1`, `64 MiB` for a byte count, else with
+/// thousands separators.
+#[cfg(test)]
+fn integer_text(key: &str, value: i128) -> String {
+    if value == i128::from(i64::MAX) {
+        return "2⁶³−1".into();
+    }
+    if key.ends_with("_bytes") {
+        for (unit, shift) in [
+            ("PiB", 50),
+            ("TiB", 40),
+            ("GiB", 30),
+            ("MiB", 20),
+            ("KiB", 10),
+        ] {
+            let size = 1i128 << shift;
+            if value >= size && value % size == 0 {
+                return format!("{} {unit}", value / size);
+            }
+        }
+    }
+    let digits = value.unsigned_abs().to_string();
+    let mut grouped = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    if value < 0 {
+        format!("-{grouped}")
+    } else {
+        grouped
+    }
+}
+
+/// A decimal bound: one decimal below 10 (`0.0`, `2.0`), else as a whole number.
+#[cfg(test)]
+fn number_text(value: f64) -> String {
+    if value.abs() < 10.0 {
+        format!("{value:.1}")
+    } else {
+        integer_text("", value.round() as i128)
+    }
+}
+
 /// Every value of `text` (the contents of `file`) outside its range, one `file:line:column:
 /// message` per line, or `None` when all are inside.
 pub fn config_range_errors(text: &str, file: &str) -> Option<String> {
@@ -142,6 +224,31 @@ pub fn parse_budget(text: &str) -> Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The configuration reference shows the ranges this table enforces (`ranges_table`).
+    #[test]
+    fn the_configuration_reference_shows_the_enforced_ranges() {
+        let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs/operations/configuration.md");
+        let text = std::fs::read_to_string(&page).unwrap();
+        let (begin, end) = (
+            "<!-- ranges: generated from CONFIG_RANGES -->\n",
+            "<!-- ranges: end -->",
+        );
+        let start = text.find(begin).expect("the page's ranges markers") + begin.len();
+        let stop = start + text[start..].find(end).expect("the page's end marker");
+        let table = ranges_table();
+        if std::env::var_os("SKILLSTATE_BLESS").is_some() {
+            let written = format!("{}{table}{}", &text[..start], &text[stop..]);
+            std::fs::write(&page, written).unwrap();
+            return;
+        }
+        assert_eq!(
+            text[start..stop],
+            table,
+            "docs/operations/configuration.md differs from CONFIG_RANGES; run SKILLSTATE_BLESS=1 cargo test -p skillstate --bin skillstate limits"
+        );
+    }
     use super::*;
     use crate::config::Config;
 

@@ -140,7 +140,7 @@ fn default_db(data_dir: &std::path::Path) -> Result<String, String> {
 
 /// mimalloc instead of the system allocator: over a long task the system allocator's
 /// allocation time grew with the process's history (`_int_malloc` 3% of the time at 1,000
-/// events, 8% at 10,000) and a step with it; README, "Performance".
+/// events, 8% at 10,000) and a step with it; docs/performance.md, "Performance".
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

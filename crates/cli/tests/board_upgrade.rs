@@ -100,7 +100,7 @@ fn a_board_schema_changes_by_a_write_of_its_own_and_members_are_checked() {
     assert_eq!(at, 1, "{before}");
     assert_eq!(before["members"], json!([task]));
 
-    // The README's example: the plan's `goal` becomes `objective`.
+    // The guide's example (docs/boards.md): the plan's `goal` becomes `objective`.
     let renamed: Value = serde_json::from_str(
         &std::fs::read_to_string(common::repo_root().join("boards/release/v2/state.schema.json"))
             .unwrap(),

@@ -1,4 +1,4 @@
-//! The CLI as a user sees it: the README's commands run against the shipped demo, with their
+//! The CLI as a user sees it: the guide's commands run against the shipped demo, with their
 //! output pinned by snapshots (ids, times and temp paths redacted).
 #![allow(clippy::unwrap_used)]
 

@@ -6,7 +6,7 @@
 //! request, with the approval, instead of the approval, after the post was scheduled — and
 //! each test checks what the panel holds at the end (the post's time, whether it is
 //! scheduled, which approvals were asked for and which ran), not only the task's status.
-//! The same orders through the service are in `post_scheduler/service.rs`; the README's
+//! The same orders through the service are in `post_scheduler/service.rs`; the guide's
 //! walk-through, with its printed output, in `post_scheduler/walk_through.rs`.
 #![allow(clippy::unwrap_used)]
 

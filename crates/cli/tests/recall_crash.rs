@@ -1,4 +1,4 @@
-//! The recall index is written in the transaction of what it indexes (README, "Recall and
+//! The recall index is written in the transaction of what it indexes (docs/recall.md, "Recall and
 //! provenance"): a run SIGKILLed at any point — right after a step's commit, inside a tool,
 //! before a model call — leaves an index that is exactly what the journal it left rebuilds,
 //! and so does the run resumed to its end. Real `skillstate` processes, a real SQLite file.

@@ -1,4 +1,4 @@
-//! No request can hold `skillstate serve` (README, "Running as a service"): a real server
+//! No request can hold `skillstate serve` (docs/service.md, "Running as a service"): a real server
 //! process on 127.0.0.1 answers a create whose environment once looped forever (40,000
 //! warehouse events), keeps answering `/healthz` while heavy creates are prepared, and stops on
 //! SIGTERM without waiting for work it abandoned.

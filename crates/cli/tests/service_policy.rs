@@ -1,4 +1,4 @@
-//! An API caller can name only what the operator allowed (README, "Running as a service",
+//! An API caller can name only what the operator allowed (docs/service.md, "Running as a service",
 //! "Who may name what"). Every string field of every request schema in the served OpenAPI
 //! document (walked from /openapi.json, `$ref`s followed) gets hostile values — absolute paths
 //! of a canary file, `../` escapes, `scripted:` and `file://` forms — against a real

@@ -1,6 +1,6 @@
 //! Parsing what a model said into reasoning, a raw patch and a raw action.
 //!
-//! Two forms are accepted (README, "What the model sees and must answer"): one JSON object
+//! Two forms are accepted (docs/concepts.md, "What the model sees and must answer"): one JSON object
 //! `{reasoning, state_patch, action}`, or free text followed by a fenced ```json block holding
 //! `state_patch` and `action` (the text before the block is the reasoning).
 

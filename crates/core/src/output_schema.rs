@@ -1,5 +1,5 @@
 //! The JSON Schema of a whole step answer, derived from the skill's state schema and its tools, for
-//! providers that can constrain decoding (README, "Models": constrained output): `reasoning` first,
+//! providers that can constrain decoding (docs/models.md, "Models": constrained output): `reasoning` first,
 //! then `state_patch` (the state schema with every property optional and nullable, recursively, as
 //! a merge patch; read-only properties left out), then `action` (one branch per tool).
 

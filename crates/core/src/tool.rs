@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// How much harm running a tool twice can do. Decides what resume may re-run (the crash rules
-/// of README, "How a step works").
+/// of docs/concepts.md, "How a step works").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SideEffect {

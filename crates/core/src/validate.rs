@@ -1,4 +1,4 @@
-//! The validation pipeline (step 3 of README, "How a step works"): parse (strict JSON) → patch
+//! The validation pipeline (step 3 of docs/concepts.md, "How a step works"): parse (strict JSON) → patch
 //! shape → apply to a copy → read-only locations → schema → state budget → action. The current
 //! state is never modified; the caller gets either everything needed to commit, or every problem
 //! found.

@@ -1,4 +1,4 @@
-//! Benchmark environments (SkillExecBench-style; README, "The example skills" and "Reproducing the
+//! Benchmark environments (SkillExecBench-style; docs/example-skills.md, "The example skills" and "Reproducing the
 //! paper") and the registry that builds a skill's environment from its `[environment]` settings.
 
 pub mod admin_panel;

@@ -1,5 +1,5 @@
 //! Background telemetry: random, strictly irrelevant lines appended to observations
-//! (README, "Noise (T = 50)"). They never mention items, shelves, branches or pull requests, and
+//! (docs/paper.md, "Noise (T = 50)"). They never mention items, shelves, branches or pull requests, and
 //! they come from their own generator so the event sequence is the same at every noise level.
 
 use crate::rng::SeededRng;

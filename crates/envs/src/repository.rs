@@ -1,5 +1,5 @@
 //! The software repository environment (the paper's second domain; the rules are ours, see
-//! README "Reproducing the paper"): feature requests arrive as issue assignments; the agent
+//! docs/paper.md, "Reproducing the paper"): feature requests arrive as issue assignments; the agent
 //! commits to feature branches, fixes failing CI, opens pull requests, answers reviews and
 //! merges. CI results and reviews arrive as webhooks in later observations, so the agent must
 //! remember which PR belongs to which branch and what each branch's CI said.

@@ -1,4 +1,4 @@
-//! A task attached to a board (README, "Several agents, one state"): each attempt's prompt
+//! A task attached to a board (docs/boards.md, "Several agents, one state"): each attempt's prompt
 //! shows the newest board through the skill's reads, mounted at `/board` of the shown state;
 //! the answer's board part commits in one transaction with the step, on top of the version the
 //! prompt showed — or, when others wrote since, rebased onto the newest version if the

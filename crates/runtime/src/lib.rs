@@ -1,6 +1,6 @@
 //! The step loop: observation → prompt → model → validate → commit → tool → next observation,
 //! until `finish`, the step limit, the end of the environment's episode, or a failure (see
-//! "How a step works" in the README).
+//! "How a step works" in docs/concepts.md).
 
 mod act;
 mod board;

@@ -60,7 +60,7 @@ pub const BOARD_WRITES: &str = "skillstate_board_writes_total";
 pub const BOARD_REBASES: &str = "skillstate_board_rebases_total";
 pub const BOARD_CONFLICTS: &str = "skillstate_board_conflicts_total";
 
-/// Everything the runtime reports, for `# HELP` lines and the README.
+/// Everything the runtime reports, for `# HELP` lines and docs/operations/metrics.md.
 pub const METRICS: &[MetricInfo] = &[
     counter(
         STEPS_COMMITTED,

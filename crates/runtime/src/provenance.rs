@@ -1,4 +1,4 @@
-//! Provenance (README, "Recall and provenance"): why a task's state holds a value — the steps
+//! Provenance (docs/recall.md, "Recall and provenance"): why a task's state holds a value — the steps
 //! that wrote it, each with its patch, the observation the model was answering and who wrote it
 //! (the model, or the API key of a write through the service).
 //!

@@ -1,4 +1,4 @@
-//! Recall over a task's journal (README, "Recall and provenance"): the built-in `recall` tool a
+//! Recall over a task's journal (docs/recall.md, "Recall and provenance"): the built-in `recall` tool a
 //! skill enables with `[tools] allow = ["recall"]`, and the one reader every search goes
 //! through — the tool, `skillstate search` and the service's `GET /v1/tasks/{id}/journal?q=`.
 //!

@@ -1,4 +1,4 @@
-//! The `recall` tool and provenance through the real runtime (README, "Recall and provenance"):
+//! The `recall` tool and provenance through the real runtime (docs/recall.md, "Recall and provenance"):
 //! a warehouse skill that allows `recall`, scripted answers, a real SQLite file. What recall
 //! returns is the next observation, cites step numbers, searches only the steps before the one
 //! asking, and never shows a write-only value; provenance names each writing step's

@@ -70,7 +70,7 @@ pub struct CreateTaskRequest {
     pub skill_version: Option<String>,
 }
 
-/// A context strategy (README, "Context strategies").
+/// A context strategy (docs/concepts.md, "Context strategies").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ContextName {

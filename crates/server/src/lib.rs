@@ -1,4 +1,4 @@
-//! The skillstate service: an HTTP API over the store and the runtime (README, "Running as a
+//! The skillstate service: an HTTP API over the store and the runtime (docs/service.md, "Running as a
 //! service").
 //!
 //! Other systems create tasks, read their state (ETag = version) and journal, rebuild any

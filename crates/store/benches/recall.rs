@@ -1,4 +1,4 @@
-//! Recall latency on a 10,000-step journal (README, "Recall and provenance"): one task shaped
+//! Recall latency on a 10,000-step journal (docs/recall.md, "Recall and provenance"): one task shaped
 //! like the warehouse-archive workload — each step an alert naming an item and a shelf, the
 //! model's reasoning, its action and two state writes — on SQLite (a file, FTS5) and on
 //! PostgreSQL (a schema of its own in the local server, GIN; skipped with a notice when

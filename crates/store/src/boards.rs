@@ -1,5 +1,5 @@
 //! Boards: shared states that several tasks (and API clients) read and write, each with its own
-//! schema, versions and append-only journal of writes (README, "Several agents, one state").
+//! schema, versions and append-only journal of writes (docs/boards.md, "Several agents, one state").
 //!
 //! Invariants every backend keeps:
 //! - a board write names the version it replaces and is refused with `BoardMoved` when the

@@ -1,4 +1,4 @@
-//! Durable task state and the step journal, behind one trait (README, "Storage and durable
+//! Durable task state and the step journal, behind one trait (docs/storage.md, "Storage and durable
 //! execution").
 //!
 //! Invariants every backend keeps:

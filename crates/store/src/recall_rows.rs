@@ -1,4 +1,4 @@
-//! The recall index's rows, shared by both backends (README, "Recall and provenance"): what an
+//! The recall index's rows, shared by both backends (docs/recall.md, "Recall and provenance"): what an
 //! accepted journal row adds to `recall_entries`, written in the statement group of the row
 //! itself (an observation is indexed by the database's own trigger, migration 0011), and how
 //! a row read back becomes a `RawHit`.

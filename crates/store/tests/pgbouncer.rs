@@ -5,7 +5,7 @@
 //!
 //! - Without `transaction_pooler`, the store's statements meet another client's on a shared
 //!   server connection; the user reads one message, in the store's words, naming the setting.
-//! - With it, and the pooler configured as README says, a queue of tasks is claimed, stepped
+//! - With it, and the pooler configured as docs/storage.md says, a queue of tasks is claimed, stepped
 //!   and settled by concurrent workers through the pooler, in a schema of its own.
 //!
 //! A missing `pgbouncer` fails the test with the install command (scripts/test installs it when
@@ -308,7 +308,7 @@ fn action_result(step: u64) -> ActionResult {
     }
 }
 
-/// The settings README gives an operator for PgBouncer in transaction mode.
+/// The settings docs/storage.md gives an operator for PgBouncer in transaction mode.
 const DOCUMENTED: &str =
     "server_reset_query = DEALLOCATE ALL\nserver_reset_query_always = 1\ndefault_pool_size = 3";
 

@@ -1,6 +1,6 @@
 //! The long-task curve: ONE task of many steps through the real runtime on a durable SQLite file
 //! (`synchronous=FULL`), timing every step in the loop, to show whether a step's cost grows with
-//! the steps already taken (README, "Performance").
+//! the steps already taken (docs/performance.md, "Performance").
 //!
 //! A step's in-loop time is the time between the model's accepted answers of two consecutive
 //! steps: it covers the commit, the tool, recording its result, reading the next observation,

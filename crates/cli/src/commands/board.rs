@@ -1,4 +1,4 @@
-//! `skillstate board`: shared states that several tasks read and write (README, "Several agents,
+//! `skillstate board`: shared states that several tasks read and write (docs/boards.md, "Several agents,
 //! one state").
 
 use std::path::{Path, PathBuf};

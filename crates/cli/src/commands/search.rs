@@ -1,4 +1,4 @@
-//! `skillstate search`: a task's journal searched as a person asks it (README, "Recall and
+//! `skillstate search`: a task's journal searched as a person asks it (docs/recall.md, "Recall and
 //! provenance"). Hits are read through the runtime's `RecallReader`, the one reader every
 //! search goes through, so a write-only value is never printed and a hit that matched only
 //! through one is never listed.

@@ -1,6 +1,6 @@
 //! `skillstate upgrade` and `skillstate skills`: a task — or every task on one version of a
 //! skill — moved to the version of the skill in a directory, dry run unless `--apply`
-//! (README, "Skill versions and upgrades"); the skill versions the database keeps.
+//! (docs/skill-versions.md, "Skill versions and upgrades"); the skill versions the database keeps.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,7 +1,7 @@
-//! The README's walk-through ("Example: the admin-panel agent"), run as written: each block of
+//! The guide's walk-through (docs/admin-panel.md) ("Example: the admin-panel agent"), run as written: each block of
 //! commands through `bash` with the built `skillstate` first on `PATH`, `<task>` replaced by
 //! the task's id, and everything it prints pinned by a snapshot (ids redacted), so the
-//! README's printed output can be checked against them.
+//! guide's printed output can be checked against them.
 
 use std::path::Path;
 use std::process::Command;
@@ -9,7 +9,7 @@ use std::process::Command;
 use super::common;
 use super::{FIRST, SECOND, asked, assert_settled, look, task_id, text};
 
-/// The walk-through's commands as the README writes them.
+/// The walk-through's commands as the guide writes them.
 const RUN: &str = r#"skillstate run skills/post-scheduler --model scripted:skills/post-scheduler/examples/demo.jsonl \
   --input "Prepare a post about the launch of the new product and schedule it for October 15""#;
 const APPROVE: &str = "skillstate approve <task>";
@@ -22,7 +22,7 @@ const ORACLE_RUN: &str = r#"skillstate run skills/post-scheduler --model oracle 
 const WITH_APPROVAL: &str = r#"skillstate say <task> "Let's move the publication to October 20" --no-run
 skillstate approve <task>"#;
 
-/// Runs `script` (with `<task>` replaced by `task`) as the README's reader would, both
+/// Runs `script` (with `<task>` replaced by `task`) as the guide's reader would, both
 /// streams in one, as a terminal shows them; requires success.
 fn sh(db: &Path, script: &str, task: &str) -> String {
     let bin = Path::new(common::binary()).parent().unwrap();

@@ -1,6 +1,6 @@
 //! Prompt rendering. Every strategy shares the stable prefix (skill, procedure, tools, schema,
 //! answer format) so provider prompt caching works, and differs only in the context it keeps
-//! after it (README, "Context strategies").
+//! after it (docs/concepts.md, "Context strategies").
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -10,7 +10,7 @@ use crate::tokens::{count_tokens, fits_in_tokens, truncate_to_tokens};
 use crate::tool::ToolSpec;
 use crate::validate::Rejection;
 
-/// Which context a prompt keeps besides the stable prefix (README, "Context strategies").
+/// Which context a prompt keeps besides the stable prefix (docs/concepts.md, "Context strategies").
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
 )]

@@ -1,4 +1,4 @@
-//! Recall over a task's journal (README, "Recall and provenance"): what of a committed step is
+//! Recall over a task's journal (docs/recall.md, "Recall and provenance"): what of a committed step is
 //! indexed, how a query reads, and how an indexed entry becomes text for one reader.
 //!
 //! The store indexes each step in the transaction that commits it; the entries are built here

@@ -1,5 +1,5 @@
 //! The admin-panel environment: a simulated web admin panel of a publication site, for the
-//! post-scheduler skill (README, "Example: the admin-panel agent"). Pages (routes): the post
+//! post-scheduler skill (docs/admin-panel.md, "Example: the admin-panel agent"). Pages (routes): the post
 //! list, the category list and the post editor, whose form validates what is typed into it.
 //! Saving a post and (re)scheduling one change the site, so their tools are declared
 //! approval-required: the runtime commits such an action as a pending intent, pauses the task

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::{WarehouseConfig, shelf_name};
 use crate::rng::SeededRng;
 
-/// The drift scenarios (README, "Drift (T = 50)": the paper names them, the definitions are ours).
+/// The drift scenarios (docs/paper.md, "Drift (T = 50)": the paper names them, the definitions are ours).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Drift {

@@ -1,4 +1,4 @@
-//! The warehouse environment of the SKILL.state paper (README, "The example skills"): 500 shelves,
+//! The warehouse environment of the SKILL.state paper (docs/example-skills.md, "The example skills"): 500 shelves,
 //! items that arrive, are ordered and must be moved off shelves under maintenance.
 //!
 //! The event sequence is generated up front from the seed by simulating a correct agent (the
@@ -36,7 +36,7 @@ pub const DRIFT_NAMES: &[&str] = &[
     "canceled_order",
 ];
 
-/// The warehouse's `[environment]` parameters (README, "The example skills").
+/// The warehouse's `[environment]` parameters (docs/example-skills.md, "The example skills").
 pub const PARAMETERS: &[ParamSpec] = &[
     ParamSpec::whole("seed", 0, 0, u64::MAX),
     ParamSpec::whole("events", 10, 1, 100_000),

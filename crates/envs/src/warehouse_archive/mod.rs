@@ -1,4 +1,4 @@
-//! The warehouse archive (issue 22, README "Recall and provenance"): a warehouse far larger
+//! The warehouse archive (issue 22, docs/recall.md, "Recall and provenance"): a warehouse far larger
 //! than any bounded state. 5,000 shelves and up to 100,000 events; shipments outnumber orders,
 //! so the stock grows for the whole run, and orders and maintenance name items and shelves
 //! picked uniformly among everything stored, mostly last seen long ago. An agent that keeps

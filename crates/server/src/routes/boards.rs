@@ -268,7 +268,7 @@ pub async fn list_boards(
 /// A key limited to board pointers gets the schema projected to its reads: the subschemas of
 /// what it reads whole, and on the way to them only `type`, `readOnly`/`writeOnly`, the
 /// `required` members and `properties` that lead to a read — nothing that names, counts or
-/// constrains the members it cannot read (README, "Boards over HTTP").
+/// constrains the members it cannot read (docs/service-boards.md, "Boards over HTTP").
 #[utoipa::path(
     get,
     path = "/v1/boards/{id}",
@@ -356,7 +356,7 @@ pub async fn get_board_state(
 /// operations (`application/json-patch+json`, an array); `application/json` takes either.
 /// `If-Match` (required: 428 without it) names the version the patch was computed on. When
 /// others wrote since, the patch is rebased onto the newest version if none of the locations
-/// it touches changed since (the rule of README, "Several agents, one state"), and refused
+/// it touches changed since (the rule of docs/boards.md, "Several agents, one state"), and refused
 /// with 412 otherwise: `errors` lists each conflicting pointer with its fresh value. The
 /// patch is checked against the board's schema (read-only locations included) and, for a key
 /// limited to board pointers, against its writes — 422 with each error's pointer. The write

@@ -1,6 +1,6 @@
 //! Talking to a task: messages, decisions on its pauses (approve, reject, reply), and resuming
 //! it. Each is posted to the task's inbox (the store's `Inbox`) and queues the task; a worker
-//! delivers it at the task's next step boundary (see README "Running as a service"). So the
+//! delivers it at the task's next step boundary (see docs/service.md, "Running as a service"). So the
 //! routes answer 202 Accepted with the posted entry, and `GET …/messages` shows when each was
 //! delivered.
 

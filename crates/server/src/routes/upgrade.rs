@@ -1,4 +1,4 @@
-//! Moving tasks to the version of their skill the server holds now (README, "Skill versions
+//! Moving tasks to the version of their skill the server holds now (docs/skill-versions.md, "Skill versions
 //! and upgrades"): one task (`POST /v1/tasks/{id}:upgrade`) or every task of the tenant on a
 //! skill, a page at a time (`POST /v1/tasks:upgrade`). Dry run unless `apply`; each task's
 //! outcome is its own, so one refusal never blocks the others.

@@ -1,4 +1,4 @@
-//! What the journal search and provenance routes answer with (README, "Recall and
+//! What the journal search and provenance routes answer with (docs/recall.md, "Recall and
 //! provenance"): hits as one reader may see them, and the writes behind a state value.
 
 use serde::Serialize;

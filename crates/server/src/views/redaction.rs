@@ -1,5 +1,5 @@
 //! What the API hides of a task: the values its state schema marks `"writeOnly": true`
-//! (README, "Secrets in state"). Every response, event and problem that carries a state, a
+//! (docs/skills.md, "Secrets in state"). Every response, event and problem that carries a state, a
 //! patch or text derived from them goes through a [`Redaction`] of its task.
 //!
 //! States and patches are structured data: their write-only values read `[redacted]`, and

@@ -32,7 +32,7 @@
 //! client keeps no statement between transactions (statement cache off) and a statement outside
 //! a transaction runs in one of its own. The pooler must drop the server-side statements each
 //! transaction leaves behind (`server_reset_query = DEALLOCATE ALL`,
-//! `server_reset_query_always = 1`: README, PostgreSQL).
+//! `server_reset_query_always = 1`: docs/storage.md, PostgreSQL).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

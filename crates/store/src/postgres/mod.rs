@@ -72,7 +72,7 @@ impl PostgresStore {
     /// that lends a connection for one transaction at a time, such as PgBouncer in
     /// `pool_mode = transaction`: the client then keeps no prepared statement between
     /// transactions, runs every statement inside a transaction, and sends no startup parameter
-    /// such a pooler refuses (`db.rs`; README, PostgreSQL).
+    /// such a pooler refuses (`db.rs`; docs/storage.md, PostgreSQL).
     pub async fn open_with(url: &str, mode: OpenMode, transaction_pooler: bool) -> Result<Self> {
         let (options, pooler) = connect_options(url, transaction_pooler)?;
         Self::connect(url, options, None, mode, pooler).await

@@ -4,7 +4,7 @@
 //! default runs inside the COMMIT that pushed the log past 1,000 pages: on the committing
 //! thread, syncing the database file while every write handed to it waits. With group commit
 //! that thread is the writer of the whole process, so each checkpoint stalled every task and
-//! every HTTP write for its sync (4–7 ms here, the tail of README "Performance").
+//! every HTTP write for its sync (4–7 ms here, the tail of docs/performance.md, "Performance").
 //!
 //! The writer's connection therefore checkpoints never by itself (`wal_autocheckpoint = 0`);
 //! after each group it nudges this module's thread, which runs `PRAGMA

@@ -2,7 +2,7 @@
 //! one observation, a task's intents. These are what every HTTP request and every state write
 //! reads, and each is a primary-key or unique-index lookup that SQLite answers in microseconds
 //! from its cache; sent through the sqlx pool, each would cost two thread hand-overs (to the
-//! connection's worker thread and back), which is most of a request's CPU time (README
+//! connection's worker thread and back), which is most of a request's CPU time (docs/performance.md,
 //! "Performance", "HTTP service").
 //!
 //! A task's skill definition and tool list (about 4 KB) are most of what a read of it decodes.

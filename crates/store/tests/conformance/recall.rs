@@ -1,4 +1,4 @@
-//! The recall index (README, "Recall and provenance"): written in the transaction of what it
+//! The recall index (docs/recall.md, "Recall and provenance"): written in the transaction of what it
 //! indexes, on both backends alike — committed steps are found, a refused write never is; a
 //! fork sees its parent's history up to the fork point only; compaction and deletion take the
 //! entries with them; a recall result is not indexed again; an older database is indexed by

@@ -5,7 +5,7 @@
 //! Set inside the sandbox's own user namespace, `RLIMIT_NPROC` counts the processes of that
 //! namespace only — one sandbox, not every process of the runtime's user — but the kernel
 //! never enforces it for uid 0: a runtime started as root gets no process limit (a cgroup
-//! would be needed; see the README's security section).
+//! would be needed; see docs/security.md).
 
 use std::ffi::OsString;
 

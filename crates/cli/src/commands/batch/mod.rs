@@ -1,6 +1,6 @@
 //! `skillstate batch …` and `skillstate batches`: submit a batch file's tasks to the queue, run
 //! them in this process, follow them, report on them, stop and reopen them and retry the failed
-//! ones (README, "Batches and workers").
+//! ones (docs/batches.md, "Batches and workers").
 
 pub mod control;
 pub mod inputs;
