@@ -16,7 +16,8 @@ only. The convention, in short (docs/testing.md has it in full):
   variables ($TASK) carry from one block to the next; processes a block starts in the
   background are stopped when the page ends, and one that exits with a failure fails the page.
 * An HTML comment right before a block annotates it:
-  `<!-- doc-example no-run: REASON -->` leaves the block out (REASON is printed);
+  `<!-- doc-example no-run: REASON -->` leaves the block out (REASON is printed; its `skillstate`
+  commands' subcommands and flags are still checked against the binary's --help);
   `<!-- doc-example setup: COMMANDS -->` (one or more lines) runs hidden commands at that point;
   `<!-- doc-example teardown: COMMANDS -->` runs hidden commands when the page ends.
   A setup or teardown comment may stand anywhere in the page.
@@ -26,6 +27,7 @@ only. The convention, in short (docs/testing.md has it in full):
 
 import argparse
 import os
+import shlex
 import re
 import shutil
 import signal
@@ -108,7 +110,8 @@ def parse_page(path):
             body = [l[len(indent):] if l.startswith(indent) else l.lstrip() for l in lines[start:j]]
             if lang in SHELL_LANGS or lang == "console":
                 if pending:
-                    skipped.append((rel, start, pending[0]))
+                    skipped.append((rel, start, pending[0], body if lang in SHELL_LANGS else
+                                    [l[2:] for l in body if l.startswith(("$ ", "> "))]))
                 elif lang == "console":
                     try:
                         items = parse_console(body, start + 1)
@@ -331,6 +334,93 @@ def run_page(path, bindir, timeout, keep):
     return result
 
 
+def invocations(body):
+    """The `skillstate` command lines of a block: [(words after the binary)]; `cargo run … --`
+    counts as the binary, continuation lines are joined, comments dropped."""
+    text = "\n".join(body).replace("\\\n", " ")
+    found = []
+    for line in text.split("\n"):
+        try:
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            lexer.commenters = "#"
+            tokens = list(lexer)
+        except ValueError:
+            continue
+        command = []
+        for token in tokens + [";"]:
+            if token in (";", "&&", "||", "|", "&", "(", ")", "$(", ")"):
+                if command:
+                    found.append(command)
+                command = []
+                continue
+            command.append(token)
+    calls = []
+    for command in found:
+        for i, token in enumerate(command):
+            if os.path.basename(token) == "skillstate" and (i == 0 or command[i - 1] not in ("-p", "--package", "--bin")):
+                calls.append(command[i + 1:])
+                break
+            if token == "cargo" and "run" in command[i:] and "--" in command[i:] and "skillstate" in command[i:]:
+                calls.append(command[command.index("--", i) + 1:])
+                break
+    return calls
+
+
+class HelpCache:
+    """`skillstate … --help`, once per subcommand path."""
+
+    def __init__(self, binary):
+        self.binary, self.cache = binary, {}
+
+    def help(self, path):
+        if path not in self.cache:
+            p = subprocess.run([self.binary, *path, "--help"], capture_output=True, text=True, timeout=30)
+            self.cache[path] = p.stdout if p.returncode == 0 else None
+        return self.cache[path]
+
+
+def subcommands(help_text):
+    names, inside = set(), False
+    for line in help_text.split("\n"):
+        if line.startswith("Commands:"):
+            inside = True
+            continue
+        if inside:
+            if not line.startswith("  "):
+                break
+            names.add(line.split()[0])
+    return names
+
+
+def check_flags(call, helps):
+    """What of a `skillstate` call its --help does not know: the subcommands, then each flag
+    (checked against the help of the command and of each command above it)."""
+    path, words = (), list(call)
+    while words:
+        word = words.pop(0)
+        known = subcommands(helps.help(path) or "")
+        if word.startswith("-"):
+            # An option before the subcommand (`--db FILE`): its value is not a command.
+            if "=" not in word and words and not words[0].startswith("-") and words[0] not in known:
+                words.pop(0)
+            continue
+        if word in known:
+            path += (word,)
+        elif known and not any(w in known for w in words):
+            return f"`skillstate {' '.join(path + (word,))}`: no such command"
+        else:
+            break
+    texts = "\n".join(helps.help(path[:i]) or "" for i in range(len(path) + 1))
+    problems = []
+    for word in call:
+        if word.startswith("--") and len(word) > 2:
+            flag = word.split("=", 1)[0]
+            if not re.search(re.escape(flag) + r"(?![\w-])", texts):
+                problems.append(f"`skillstate {' '.join(path)}` has no flag {flag}")
+    return "; ".join(problems) or None
+
+
 def pages(args):
     if args:
         return [os.path.abspath(p) for p in args]
@@ -374,13 +464,24 @@ def main():
         total["checked"] += r["checked"]
         total["skipped"] += len(r["skipped"])
         total["failed"] += bool(r["failures"])
+    # The blocks not run still name real commands and flags: each `skillstate` call of them is
+    # held against the binary's --help, so a renamed flag fails there too.
+    helps = HelpCache(os.path.join(os.path.abspath(args.bin), "skillstate"))
+    checked_calls = 0
     if total["skipped"]:
-        print(f"\nnot run ({total['skipped']}):")
+        print(f"\nnot run ({total['skipped']}; their skillstate commands' flags checked against --help):")
         for r in results:
-            for page, line, reason in r["skipped"]:
+            for page, line, reason, body in r["skipped"]:
                 print(f"  {page}:{line}: {reason}")
+                for call in invocations(body):
+                    checked_calls += 1
+                    problem = check_flags(call, helps)
+                    if problem:
+                        print(f"    FAILED: {problem}")
+                        total["failed"] += 1
     print(f"\ndoc-examples: {total['run']} blocks and commands run, {total['checked']} checked against their "
-          f"expected output, {total['skipped']} not run, {total['failed']} page(s) failed "
+          f"expected output, {total['skipped']} not run ({checked_calls} skillstate commands in them "
+          f"checked against --help), {total['failed']} failure(s) "
           f"({time.time() - t0:.0f} s)")
     sys.exit(1 if total["failed"] else 0)
 

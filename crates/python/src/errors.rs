@@ -131,24 +131,47 @@ pub fn skill_error(py: Python<'_>, errors: &SkillErrors) -> PyErr {
     )
 }
 
+/// What a refusal's exception carries of its rejections: the first one's kind (`schema` when
+/// there is none) and pointer, each as (kind, pointer, message), and each as a line.
+struct RejectionParts<'a> {
+    kind: &'a str,
+    pointer: Option<&'a str>,
+    list: Vec<(String, String, String)>,
+    lines: Vec<String>,
+}
+
+impl<'a> RejectionParts<'a> {
+    fn of(rejections: &'a [Rejection]) -> Self {
+        let first = rejections.first();
+        Self {
+            kind: first.map(|r| r.kind.as_str()).unwrap_or("schema"),
+            pointer: first.map(|r| r.pointer.as_str()),
+            list: rejections
+                .iter()
+                .map(|r| {
+                    (
+                        r.kind.as_str().to_owned(),
+                        r.pointer.clone(),
+                        r.message.clone(),
+                    )
+                })
+                .collect(),
+            lines: rejections.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
 pub fn rejections_error(py: Python<'_>, what: &str, rejections: &[Rejection]) -> PyErr {
-    let first = rejections.first();
-    let kind = first.map(|r| r.kind.as_str()).unwrap_or("schema");
-    let list = rejections
-        .iter()
-        .map(|r| {
-            (
-                r.kind.as_str().to_owned(),
-                r.pointer.clone(),
-                r.message.clone(),
-            )
-        })
-        .collect();
-    let lines: Vec<String> = rejections.iter().map(ToString::to_string).collect();
+    let RejectionParts {
+        kind,
+        pointer,
+        list,
+        lines,
+    } = RejectionParts::of(rejections);
     raise::<ValidationError>(
         py,
         kind,
-        first.map(|r| r.pointer.as_str()),
+        pointer,
         list,
         format!("{what}:\n  {}", lines.join("\n  ")),
     )
@@ -161,23 +184,16 @@ pub fn upgrade_refused(
     to: &VersionName,
     rejections: &[Rejection],
 ) -> PyErr {
-    let first = rejections.first();
-    let kind = first.map(|r| r.kind.as_str()).unwrap_or("schema");
-    let list = rejections
-        .iter()
-        .map(|r| {
-            (
-                r.kind.as_str().to_owned(),
-                r.pointer.clone(),
-                r.message.clone(),
-            )
-        })
-        .collect();
-    let lines: Vec<String> = rejections.iter().map(ToString::to_string).collect();
+    let RejectionParts {
+        kind,
+        pointer,
+        list,
+        lines,
+    } = RejectionParts::of(rejections);
     let error = raise::<UpgradeRefused>(
         py,
         kind,
-        first.map(|r| r.pointer.as_str()),
+        pointer,
         list,
         format!(
             "task {task} cannot move to {to}: the migrated state does not fit it, so nothing was changed:\n  {}\nfix the new version's migration (migrations/<version>.json) or its schema, then upgrade again",
