@@ -21,6 +21,8 @@ only. The convention, in short (docs/testing.md has it in full):
   `<!-- doc-example setup: COMMANDS -->` (one or more lines) runs hidden commands at that point;
   `<!-- doc-example teardown: COMMANDS -->` runs hidden commands when the page ends.
   A setup or teardown comment may stand anywhere in the page.
+* ```python blocks and `<!-- doc-example python-setup: CODE -->` comments are not run here:
+  crates/python/tests/test_doc_examples.py runs them under pytest (scripts/test-python).
 
   python3 scripts/doc_examples.py [--bin DIR] [--timeout S] [PAGE.md ...]
 """
@@ -38,7 +40,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHELL_LANGS = {"sh", "bash", "shell"}
-DIRECTIVE = re.compile(r"<!--\s*doc-example\s+(no-run|setup|teardown)\s*:\s*(.*?)\s*-->", re.S)
+# python-setup belongs to the ```python blocks, which crates/python/tests/test_doc_examples.py
+# runs under pytest; it is skipped here.
+DIRECTIVE = re.compile(r"<!--\s*doc-example\s+(no-run|setup|teardown|python-setup)\s*:\s*(.*?)\s*-->", re.S)
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`]*)(.*)$")
 
 
@@ -89,9 +93,11 @@ def parse_page(path):
                 chunk += "\n" + lines[j]
             d = DIRECTIVE.search(chunk)
             if not d:
-                raise ValueError(f"{rel}:{i + 1}: a doc-example comment must read `<!-- doc-example no-run|setup|teardown: ... -->`")
+                raise ValueError(f"{rel}:{i + 1}: a doc-example comment must read `<!-- doc-example no-run|setup|teardown|python-setup: ... -->`")
             kind, body = d.group(1), d.group(2)
-            if kind == "no-run":
+            if kind == "python-setup":
+                pass
+            elif kind == "no-run":
                 if not body:
                     raise ValueError(f"{rel}:{i + 1}: no-run needs a reason")
                 pending = (body.replace("\n", " "), i + 1)

@@ -52,3 +52,23 @@ def orders_skill():
     import skillstate
 
     return skillstate.Skill.load(str(ORDERS))
+
+
+# The guide's Python blocks (test_doc_examples.py): (page:line, None when it ran, else why it
+# was only compiled), summed up at the end of the run.
+DOC_BLOCKS = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    config.stash[DOC_BLOCKS] = []
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    blocks = config.stash.get(DOC_BLOCKS, [])
+    if not blocks:
+        return
+    ran = sum(1 for _, reason in blocks if reason is None)
+    terminalreporter.write_line(f"doc examples: {ran} python blocks ran, {len(blocks) - ran} compiled only")
+    for where, reason in blocks:
+        if reason is not None:
+            terminalreporter.write_line(f"  compiled only: {where}: {reason}")
