@@ -16,7 +16,7 @@ use skillstate_core::outside::Outside;
 use skillstate_core::secrets::Redactor;
 use skillstate_core::strict_json::parse_strict;
 
-use crate::app::AppState;
+use crate::context::AppState;
 use crate::problem::{ApiError, FieldError};
 
 /// A JSON request body of type `T`, read under the server's limits.

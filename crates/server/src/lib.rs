@@ -11,7 +11,9 @@
 //! The binary wires it: it opens the store, implements [`TaskFactory`] with its environments
 //! and tool boxes, and calls [`serve`].
 //!
-//! Modules, one concept each: `problem` (errors → problem details), `json` (reading bodies
+//! Modules, one concept each: `config` (the service's settings), `context` (what every handler
+//! shares: the state), `key_secret` (making and hashing key secrets), `problem` (errors →
+//! problem details), `json` (reading bodies
 //! under the limits), `auth` (keys and tenants), `policy` (what a request may name on the server:
 //! skills, models, path settings; the factory only ever sees resolved requests), `offload`
 //! (CPU-heavy request work on bounded threads, under a deadline), `factory` (resolved create
@@ -20,12 +22,19 @@
 //! (Prometheus: the recorder, request counting, `/metrics`), `viewer` (the web viewer's
 //! embedded page at `/`), `batch_report` (a batch's figures, shared with `skillstate batch
 //! status`), `app` (the router, its layers, serving).
+//!
+//! Dependencies point one way: `config` ← `problem` ← `offload`, `policy`, `factory` ←
+//! `context` ← `auth`, `json` ← the route modules (`routes`, `viewer`, `metrics`) ← `openapi`
+//! ← `app`. No route imports `app` or `openapi` (tests/rooms.rs checks it).
 
 mod app;
 mod auth;
 pub mod batch_report;
+mod config;
+mod context;
 mod factory;
 mod json;
+mod key_secret;
 pub mod metrics;
 mod offload;
 mod openapi;
@@ -36,17 +45,20 @@ mod trace;
 mod viewer;
 mod views;
 
-pub use app::{
-    AppState, DEFAULT_BODY_LIMIT, DEFAULT_EVENTS_KEEP_ALIVE, DEFAULT_EVENTS_POLL,
-    DEFAULT_MAX_BATCH, DEFAULT_MAX_JSON_DEPTH, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
-    DEFAULT_WORK_THREADS, DEFAULT_WORK_TIMEOUT, ServerConfig, router, serve,
+pub use app::{router, serve};
+pub use auth::{Caller, LOCAL_KEY_ID};
+pub use config::{
+    DEFAULT_BODY_LIMIT, DEFAULT_EVENTS_KEEP_ALIVE, DEFAULT_EVENTS_POLL, DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_JSON_DEPTH, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, DEFAULT_WORK_THREADS,
+    DEFAULT_WORK_TIMEOUT, ServerConfig,
 };
-pub use auth::{Caller, LOCAL_KEY_ID, SECRET_PREFIX, hash_secret, new_key_secret};
+pub use context::AppState;
 pub use factory::{
     ContextName, CreateTaskRequest, TaskFactory, UpgradeTarget, check_initial_state, check_request,
     skill_dir,
 };
 pub use json::{nesting_exceeds, parse_body};
+pub use key_secret::{SECRET_PREFIX, hash_secret, new_key_secret};
 pub use metrics::{metrics_router, serve_metrics};
 pub use openapi::{ApiDoc, document, document_json};
 pub use policy::{ResolvedRequest, ResolvedSkill, ServicePolicy};

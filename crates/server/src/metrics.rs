@@ -28,7 +28,8 @@ use skillstate_runtime::metrics::{MODEL_LATENCY, MODEL_LATENCY_BUCKETS, MetricIn
 use skillstate_store::{QueueDepth, Store};
 use tokio::net::TcpListener;
 
-use crate::app::{AppState, ServerConfig};
+use crate::config::ServerConfig;
+use crate::context::AppState;
 use crate::problem::{ApiError, Problem, finish_problems};
 
 pub const HTTP_REQUESTS: &str = "skillstate_http_requests_total";

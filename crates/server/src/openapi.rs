@@ -4,6 +4,10 @@
 //! document imports into tools that consume OpenAPI (client generators, agent frameworks'
 //! OpenAPI toolkits).
 
+use std::sync::LazyLock;
+
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -76,7 +80,7 @@ use crate::views::*;
         board_events::board_events,
         ops::healthz,
         ops::readyz,
-        ops::openapi,
+        serve_document,
         crate::metrics::metrics,
     ),
     components(schemas(
@@ -193,4 +197,25 @@ pub fn document_json() -> String {
     document().to_json().unwrap_or_else(|error| {
         format!("{{\"error\": \"the OpenAPI document failed to serialise: {error}\"}}")
     })
+}
+
+/// The document as JSON text, serialised once per process.
+static DOCUMENT_JSON: LazyLock<String> = LazyLock::new(document_json);
+
+/// The OpenAPI 3.1 document of this API.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "getOpenApi",
+    summary = "The OpenAPI document",
+    tag = "operations",
+    responses((status = 200, description = "This API's OpenAPI 3.1 document", body = Object))
+)]
+pub async fn serve_document() -> Response {
+    let mut response = DOCUMENT_JSON.as_str().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

@@ -23,7 +23,7 @@ use skillstate_runtime::RuntimeError;
 use skillstate_store::{StoreError, time};
 use utoipa::ToSchema;
 
-use crate::app::ServerConfig;
+use crate::config::ServerConfig;
 
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";

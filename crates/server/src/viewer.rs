@@ -19,7 +19,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::app::AppState;
+use crate::context::AppState;
 use crate::problem::ApiError;
 
 const INDEX_HTML: &str = include_str!("../assets/viewer/index.html");

@@ -16,11 +16,11 @@ use serde::{Deserialize, Serialize};
 use skillstate_store::{BatchQuery, BatchRecord, BatchState, StoreError};
 use utoipa::{IntoParams, ToSchema};
 
-use super::is_task_id;
 use super::tasks::{DEFAULT_PAGE, MAX_PAGE};
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::batch_report::{self, BatchInfo, Counts, Metrics, Report, TaskRow, now_millis};
+use crate::context::AppState;
+use crate::context::is_task_id;
 use crate::json::{ApiQuery, optional_json};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, rfc3339};

@@ -39,8 +39,8 @@ use super::events::{
     EVENT_PAGE, EventsQuery, Start, error_event, quoted, shutdown_event, shutting_down,
     sse_response, start_position,
 };
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, Problem};
 use crate::views::{BoardHistory, BoardWriteView};

@@ -18,8 +18,8 @@ use skillstate_store::BoardAuthor;
 use utoipa::ToSchema;
 
 use super::boards::owned_board;
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::ApiJson;
 use crate::problem::{ApiError, FieldError, Problem};
 

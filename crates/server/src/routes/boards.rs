@@ -23,10 +23,10 @@ use skillstate_store::{
 };
 use utoipa::IntoParams;
 
-use super::is_task_id;
 use super::state::{etag, if_match_version, matches_etag, read_patch};
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
+use crate::context::is_task_id;
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{

@@ -40,8 +40,8 @@ use utoipa::openapi::{Ref, RefOr};
 use utoipa::{IntoParams, ToSchema};
 
 use super::owned_task;
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, Problem};
 use crate::views::{Redaction, rfc3339};

@@ -13,8 +13,8 @@ use skillstate_store::{MessageKind, MessageRecord, NewMessage, TaskRecord, TaskS
 use utoipa::ToSchema;
 
 use super::owned_task;
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::ApiJson;
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, TaskView, rfc3339};

@@ -17,8 +17,8 @@ use skillstate_tools::Environment;
 use utoipa::{IntoParams, ToSchema};
 
 use super::{owned_task, parse_step};
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{

@@ -23,15 +23,9 @@ use futures_util::FutureExt;
 use skillstate_store::{LeaseClaim, StoreError, TaskRecord};
 use tracing::Instrument;
 
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::{AppState, is_task_id};
 use crate::problem::ApiError;
-
-/// Whether `id` is a task id as the store makes them: a lower-case hyphenated UUID. Anything
-/// else is never passed to the store, whose lookups also accept id prefixes.
-pub(crate) fn is_task_id(id: &str) -> bool {
-    uuid::Uuid::try_parse(id).is_ok_and(|uuid| uuid.hyphenated().to_string() == id)
-}
 
 /// The id of `POST /v1/{kind}s/{id}:upgrade` (the one custom method of tasks and boards), from
 /// the path parameter that holds both (the router cannot end a parameter with a suffix).

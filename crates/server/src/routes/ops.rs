@@ -1,12 +1,11 @@
-//! For operators and tools: liveness, readiness, and the OpenAPI document. No key needed.
+//! For operators: liveness and readiness. No key needed. (The OpenAPI document, which names
+//! every route, is served by `crate::openapi`.)
 
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
 
-use crate::app::AppState;
+use crate::context::AppState;
 use crate::problem::{ApiError, Problem};
 use crate::views::Health;
 
@@ -60,22 +59,4 @@ pub async fn readyz(State(state): State<AppState>) -> Result<axum::Json<Health>,
             ),
         }),
     }
-}
-
-/// The OpenAPI 3.1 document of this API.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    operation_id = "getOpenApi",
-    summary = "The OpenAPI document",
-    tag = "operations",
-    responses((status = 200, description = "This API's OpenAPI 3.1 document", body = Object))
-)]
-pub async fn openapi(State(state): State<AppState>) -> Response {
-    let mut response = state.openapi.to_string().into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }

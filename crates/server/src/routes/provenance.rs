@@ -13,8 +13,8 @@ use utoipa::IntoParams;
 
 use super::owned_task;
 use super::recall::bad_parameter;
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, Problem};
 use crate::views::ProvenanceView;

@@ -13,8 +13,8 @@ use skillstate_runtime::RecallReader;
 use utoipa::{IntoParams, ToSchema};
 
 use super::owned_task;
-use crate::app::AppState;
 use crate::auth::Caller;
+use crate::context::AppState;
 use crate::json::ApiQuery;
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{HitKindName, JournalHit, JournalSearchPage, Redaction};

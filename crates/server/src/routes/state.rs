@@ -10,9 +10,9 @@ use skillstate_core::validate::Document;
 use skillstate_runtime::{StateWrite, StateWriteError, check_patch_ahead, write_state_read};
 use skillstate_store::{StoreError, TaskState};
 
-use super::is_task_id;
-use crate::app::AppState;
 use crate::auth::{Caller, KeyedState};
+use crate::context::AppState;
+use crate::context::is_task_id;
 use crate::json::{parse_body_quoting, read_body};
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::{Redaction, shown_state};

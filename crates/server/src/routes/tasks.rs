@@ -11,9 +11,10 @@ use skillstate_store::{
 };
 use utoipa::{IntoParams, ToSchema};
 
-use super::{Hold, is_task_id, owned_task};
-use crate::app::AppState;
+use super::{Hold, owned_task};
 use crate::auth::Caller;
+use crate::context::AppState;
+use crate::context::is_task_id;
 use crate::factory::{CreateTaskRequest, is_label_name};
 use crate::json::{ApiJson, ApiQuery};
 use crate::policy::ResolvedRequest;

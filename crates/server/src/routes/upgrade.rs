@@ -19,9 +19,10 @@ use skillstate_runtime::upgrade::{Upgrade, UpgradeError, Upgraded, upgrade_task,
 use skillstate_store::{TaskQuery, TaskRecord};
 use utoipa::ToSchema;
 
-use super::{is_task_id, owned_task};
-use crate::app::AppState;
+use super::owned_task;
 use crate::auth::Caller;
+use crate::context::AppState;
+use crate::context::is_task_id;
 use crate::json::optional_json;
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::views::SkillVersionView;
