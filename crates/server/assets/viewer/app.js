@@ -295,7 +295,9 @@ async function listPage(main, params, signal) {
     STATUSES.map((s) => el('option', { value: s, selected: s === status }, s)));
   const skillInput = el('input', { type: 'text', id: 'filter-skill', value: skill, placeholder: 'warehouse' });
   const labelInput = el('input', { type: 'text', id: 'filter-label', value: label, placeholder: 'name:value' });
-  const searchInput = el('input', { type: 'text', id: 'search-id', placeholder: 'task id' });
+  const searchInput = el('input', { type: 'text', id: 'search-id', placeholder: 'task id or its start', autocomplete: 'off', spellcheck: 'false' });
+  const found = el('p', { id: 'search-found', class: 'muted', 'aria-live': 'polite' });
+  const matchList = el('ul', { id: 'search-matches', class: 'matches' });
   main.append(el('h1', null, 'Tasks'));
   if (batch) main.append(el('p', { id: 'batch-filter' }, 'Tasks of batch ', el('a', { href: '#/batches/' + enc(batch), class: 'mono' }, batch), ' · ', el('a', { href: '#/' }, 'all tasks')));
   main.append(el('form', {
@@ -318,16 +320,38 @@ async function listPage(main, params, signal) {
     class: 'filters',
     onsubmit: async (event) => {
       event.preventDefault();
-      const id = searchInput.value.trim();
-      if (!id) return;
+      const typed = searchInput.value.trim().toLowerCase();
+      matchList.replaceChildren();
+      found.removeAttribute('role');
+      if (!typed) { found.textContent = ''; return; }
+      if (!isIdPrefix(typed)) {
+        found.textContent = '\u201c' + typed + '\u201d is not a task id or the start of one: an id is hexadecimal digits and hyphens, as in 0193b2c4-5e6f-7a80-9b1c-2d3e4f5a6b7c.';
+        found.setAttribute('role', 'alert');
+        return;
+      }
+      found.textContent = 'looking…';
       try {
-        const task = await api('/v1/tasks/' + enc(id));
-        go('/tasks/' + enc(task.id));
+        const { matches, more } = await tasksByPrefix(typed);
+        if (matches.length === 1 && !more) { go('/tasks/' + enc(matches[0].id)); return; }
+        if (!matches.length) {
+          found.textContent = 'No task begins with ' + typed + '.';
+          found.setAttribute('role', 'alert');
+          return;
+        }
+        found.textContent = more
+          ? 'More than ' + matches.length + ' tasks begin with ' + typed + '; type more characters. The newest ' + matches.length + ':'
+          : matches.length + ' tasks begin with ' + typed + '; type more characters, or open one:';
+        matchList.replaceChildren(...matches.map((task) => el('li', { dataset: { task: task.id } },
+          el('a', { href: '#/tasks/' + enc(task.id), class: 'mono task-link' }, task.id), ' ',
+          badge(task.status), ' ', task.skill, ' ', el('span', { class: 'muted' }, task.updated_at))));
       } catch (error) {
-        if (error instanceof NeedKey) route(); else toast('No task ' + id + ': ' + error.message, true);
+        if (error instanceof NeedKey) { route(); return; }
+        found.textContent = error.message;
+        found.setAttribute('role', 'alert');
       }
     },
-  }, el('label', { class: 'field' }, 'Open a task by id', searchInput), el('button', { type: 'submit', id: 'search-open' }, 'Open')));
+  }, el('label', { class: 'field' }, 'Open a task by its id or the start of it', searchInput), el('button', { type: 'submit', id: 'search-open' }, 'Open')));
+  main.append(found, matchList);
 
   const tbody = el('tbody');
   const table = el('table', { id: 'task-table' },
@@ -369,6 +393,42 @@ async function listPage(main, params, signal) {
   await load();
   const refresh = debounce(() => load().catch((e) => { if (e instanceof NeedKey) route(); }), 400);
   followEvents('/v1/events', () => refresh(), signal);
+}
+
+// A task by the start of its id, as every CLI command takes one. The listing (GET /v1/tasks)
+// holds the caller's tenant's tasks alone, highest id first, and its cursor is the id it goes
+// on below: a page started just above the highest id that can begin with the prefix opens with
+// every task that does, so one page tells none, one or several apart.
+const PREFIX_PAGE = 20;
+const ID_HYPHENS = [8, 13, 18, 23];
+
+// Whether `text` (lower case) can begin a task id: hex digits, hyphens where an id has them.
+function isIdPrefix(text) {
+  if (!text || text.length > 36) return false;
+  return [...text].every((c, i) => (ID_HYPHENS.includes(i) ? c === '-' : /^[0-9a-f]$/.test(c)));
+}
+
+// The lowest id above every id that begins with `prefix`; null when none is (ffff…).
+function cursorAbove(prefix) {
+  const top = BigInt('0x' + prefix.replace(/-/g, '').padEnd(32, 'f')) + 1n;
+  if (top >> 128n) return null;
+  const hex = top.toString(16).padStart(32, '0');
+  return [hex.slice(0, 8), hex.slice(8, 12), hex.slice(12, 16), hex.slice(16, 20), hex.slice(20)].join('-');
+}
+
+// The caller's tasks whose id begins with `prefix`: at most PREFIX_PAGE, newest first, and
+// whether there are more.
+async function tasksByPrefix(prefix) {
+  const query = new URLSearchParams({ limit: String(PREFIX_PAGE + 1) });
+  const cursor = cursorAbove(prefix);
+  if (cursor) query.set('cursor', cursor);
+  const page = await api('/v1/tasks?' + query);
+  const matches = [];
+  for (const task of page.tasks) {
+    if (!task.id.startsWith(prefix)) break;
+    matches.push(task);
+  }
+  return { matches: matches.slice(0, PREFIX_PAGE), more: matches.length > PREFIX_PAGE };
 }
 
 // ---------------------------------------------------------------- task page
@@ -563,7 +623,7 @@ async function taskPage(main, id, params, signal) {
       el('td', null, toggle),
       el('td', { class: 'num' }, String(step.step)),
       el('td', null, step.verdict + (step.answers > 1 ? ' (' + step.answers + ' answers)' : '')),
-      el('td', { class: 'mono' }, step.action ? actionText(step.action, 120) : ''),
+      el('td', { class: 'mono action' }, step.action ? actionWords(actionSummary(step.action)) : ''),
       el('td', { class: 'num' }, String(step.prompt_tokens)),
       el('td', { class: 'num' }, step.output_tokens === null ? '' : String(step.output_tokens)),
       el('td', { class: 'num' }, step.latency_ms + ' ms'),
@@ -755,9 +815,31 @@ async function taskPage(main, id, params, signal) {
   if (task.status !== 'completed' && task.status !== 'failed') live();
 }
 
-function actionText(action, max) {
-  if (!action || typeof action !== 'object') return compactJson(action, max);
-  return (action.tool || '?') + ' ' + compactJson(action.args === undefined ? {} : action.args, max);
+// An action as the CLI shows it (core's `Action::summary`): `store(item=item_4, shelf=shelf_9)`,
+// a string argument as it is, any other as JSON; `finish` and `ask_user` with only their
+// `result` and `question`. Arguments keep the order the API sends them in (a name that is a
+// whole number comes first in a JavaScript object).
+function actionSummary(action) {
+  if (!action || typeof action !== 'object' || typeof action.tool !== 'string') return '-';
+  const given = action.args === undefined ? {} : action.args;
+  const field = (name) => (given && typeof given === 'object' && !Array.isArray(given) && given[name] !== undefined ? given[name] : null);
+  let args = given;
+  if (action.tool === 'finish') args = { result: field('result') };
+  if (action.tool === 'ask_user') args = { question: typeof field('question') === 'string' ? field('question') : '' };
+  let parts;
+  if (args === null) parts = [];
+  else if (typeof args === 'object' && !Array.isArray(args)) {
+    parts = Object.entries(args).map(([name, value]) => name + '=' + (typeof value === 'string' ? value : JSON.stringify(value)));
+  } else parts = [JSON.stringify(args)];
+  return action.tool + '(' + parts.join(', ') + ')';
+}
+
+// The text as words that never break inside (an id such as item_4298 stays on one line; a
+// line breaks only at a space), but for words too long for any column, which may.
+function actionWords(text) {
+  return text.split(/( +)/).filter((part) => part !== '').map((part) => (part.trim() === ''
+    ? part
+    : el('span', { class: part.length > 40 ? 'word long' : 'word' }, part)));
 }
 
 // One step in full: observation, answer, action and result, the state diff, rejections, the prompt.
