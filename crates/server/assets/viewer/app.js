@@ -298,6 +298,7 @@ async function listPage(main, params, signal) {
   const searchInput = el('input', { type: 'text', id: 'search-id', placeholder: 'task id or its start', autocomplete: 'off', spellcheck: 'false' });
   const found = el('p', { id: 'search-found', class: 'muted', 'aria-live': 'polite' });
   const matchList = el('ul', { id: 'search-matches', class: 'matches' });
+  let lookTicket = 0; // only the latest lookup shows its answer
   main.append(el('h1', null, 'Tasks'));
   if (batch) main.append(el('p', { id: 'batch-filter' }, 'Tasks of batch ', el('a', { href: '#/batches/' + enc(batch), class: 'mono' }, batch), ' · ', el('a', { href: '#/' }, 'all tasks')));
   main.append(el('form', {
@@ -321,6 +322,7 @@ async function listPage(main, params, signal) {
     onsubmit: async (event) => {
       event.preventDefault();
       const typed = searchInput.value.trim().toLowerCase();
+      const ticket = ++lookTicket;
       matchList.replaceChildren();
       found.removeAttribute('role');
       if (!typed) { found.textContent = ''; return; }
@@ -332,6 +334,7 @@ async function listPage(main, params, signal) {
       found.textContent = 'looking…';
       try {
         const { matches, more } = await tasksByPrefix(typed);
+        if (ticket !== lookTicket || signal.aborted) return;
         if (matches.length === 1 && !more) { go('/tasks/' + enc(matches[0].id)); return; }
         if (!matches.length) {
           found.textContent = 'No task begins with ' + typed + '.';
@@ -346,6 +349,7 @@ async function listPage(main, params, signal) {
           badge(task.status), ' ', task.skill, ' ', el('span', { class: 'muted' }, task.updated_at))));
       } catch (error) {
         if (error instanceof NeedKey) { route(); return; }
+        if (ticket !== lookTicket) return;
         found.textContent = error.message;
         found.setAttribute('role', 'alert');
       }
