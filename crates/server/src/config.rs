@@ -2,6 +2,7 @@
 //! state every handler shares ([`crate::context`]), by the problem layer (the limits it names)
 //! and by serving ([`crate::app`]). It depends on no other module of the crate.
 
+use std::fmt;
 use std::time::Duration;
 
 /// The service's limits.
@@ -27,6 +28,10 @@ pub struct ServerConfig {
     /// How long a request waits for its CPU-heavy work before it answers 503 (less than
     /// `request_timeout`, so the problem says what took long).
     pub work_timeout: Duration,
+    /// The address clients reach the service at (`skillstate serve --public-url`), as the
+    /// OpenAPI document's `servers` names it. `None`: the document names the address of each
+    /// request that fetches it (`http://` and its `Host` header).
+    pub public_url: Option<PublicUrl>,
 }
 
 /// 1 MiB.
@@ -52,6 +57,106 @@ impl Default for ServerConfig {
             events_keep_alive: DEFAULT_EVENTS_KEEP_ALIVE,
             work_threads: DEFAULT_WORK_THREADS,
             work_timeout: DEFAULT_WORK_TIMEOUT,
+            public_url: None,
+        }
+    }
+}
+
+/// The service's public address: an absolute `http` or `https` URL with a host, maybe a path
+/// (a proxy's prefix), no user, query or fragment; kept without a trailing `/`, so a route's
+/// path appends to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrl(String);
+
+/// Why a public URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublicUrlError {
+    #[error("`{0}` is not an absolute http:// or https:// URL (e.g. https://agents.example.com)")]
+    NotHttp(String),
+    #[error("`{0}` names no host")]
+    NoHost(String),
+    #[error("`{0}` carries a user name or password; the document would show it to everyone")]
+    UserInfo(String),
+    #[error(
+        "`{0}` has a query or a fragment; give the address only (a path prefix may follow the host)"
+    )]
+    QueryOrFragment(String),
+    #[error("`{0}` is not a URL: {1}")]
+    Malformed(String, String),
+}
+
+impl PublicUrl {
+    /// Checks `text` (see [`PublicUrl`]).
+    pub fn parse(text: &str) -> Result<Self, PublicUrlError> {
+        let text = text.trim();
+        let lower = text.to_ascii_lowercase();
+        let Some(rest) = ["http://", "https://"]
+            .iter()
+            .find_map(|scheme| lower.starts_with(scheme).then(|| &text[scheme.len()..]))
+        else {
+            return Err(PublicUrlError::NotHttp(text.to_owned()));
+        };
+        if text.contains(['?', '#']) {
+            return Err(PublicUrlError::QueryOrFragment(text.to_owned()));
+        }
+        let authority = rest.split('/').next().unwrap_or("");
+        if authority.is_empty() {
+            return Err(PublicUrlError::NoHost(text.to_owned()));
+        }
+        if authority.contains('@') {
+            return Err(PublicUrlError::UserInfo(text.to_owned()));
+        }
+        text.parse::<axum::http::Uri>()
+            .map_err(|error| PublicUrlError::Malformed(text.to_owned(), error.to_string()))?;
+        Ok(Self(text.trim_end_matches('/').to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PublicUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for PublicUrl {
+    type Err = PublicUrlError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_urls_are_absolute_http_addresses() {
+        let url = PublicUrl::parse("https://agents.example.com/skillstate/").unwrap();
+        assert_eq!(url.as_str(), "https://agents.example.com/skillstate");
+        assert_eq!(
+            PublicUrl::parse("http://127.0.0.1:8080").unwrap().as_str(),
+            "http://127.0.0.1:8080"
+        );
+        for (text, refused) in [
+            ("agents.example.com", "NotHttp"),
+            ("ftp://agents.example.com", "NotHttp"),
+            ("https://", "NoHost"),
+            ("https:///path", "NoHost"),
+            ("https://user:pw@agents.example.com", "UserInfo"),
+            ("https://agents.example.com/?a=1", "QueryOrFragment"),
+            ("https://agents.example.com/#top", "QueryOrFragment"),
+            ("https://exa mple.com", "Malformed"),
+        ] {
+            let error = PublicUrl::parse(text).unwrap_err();
+            assert!(
+                format!("{error:?}").starts_with(refused),
+                "{text}: {error:?}"
+            );
         }
     }
 }

@@ -50,7 +50,7 @@ pub use auth::{Caller, LOCAL_KEY_ID};
 pub use config::{
     DEFAULT_BODY_LIMIT, DEFAULT_EVENTS_KEEP_ALIVE, DEFAULT_EVENTS_POLL, DEFAULT_MAX_BATCH,
     DEFAULT_MAX_JSON_DEPTH, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, DEFAULT_WORK_THREADS,
-    DEFAULT_WORK_TIMEOUT, ServerConfig,
+    DEFAULT_WORK_TIMEOUT, PublicUrl, PublicUrlError, ServerConfig,
 };
 pub use context::AppState;
 pub use factory::{

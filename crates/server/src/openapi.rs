@@ -3,15 +3,30 @@
 //! operationId, a summary, its request and response schemas and its problem responses, so the
 //! document imports into tools that consume OpenAPI (client generators, agent frameworks'
 //! OpenAPI toolkits).
+//!
+//! What the router's layers and extractors answer is added to every operation they apply to by
+//! [`LayerResponses`], so no route can forget one: 413, 500 and 503 everywhere (the body limit,
+//! caught panics, the request timeout), 401 and 403 under /v1 (the key check), 400, 415 and 422
+//! wherever a body is read, 400 wherever a query string is.
+//!
+//! `servers` names where the document was fetched from ([`serve_document`]): the operator's
+//! public URL when one is configured, otherwise `http://` and the request's `Host` (never an
+//! `X-Forwarded-*` header, which any client can send).
 
 use std::sync::LazyLock;
 
-use axum::http::{HeaderValue, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::response::{IntoResponse, Response};
+use utoipa::openapi::path::{Operation, ParameterIn, PathItem};
+use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::server::Server;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 
 use crate::batch_report::{BatchInfo, Counts, Metrics, Percentiles, Standing, TaskRow};
+use crate::context::AppState;
 use crate::factory::{ContextName, CreateTaskRequest};
 use crate::problem::{FieldError, Problem};
 use crate::routes::batches::{BatchListItem, BatchPage, BatchView, StopBatchRequest};
@@ -150,7 +165,7 @@ use crate::views::*;
         BoardWritePage,
         BoardEventView,
     )),
-    modifiers(&BearerKey),
+    modifiers(&BearerKey, &LayerResponses),
     tags(
         (name = "tasks", description = "Tasks as wholes"),
         (name = "state", description = "A task's current state, and where its values came from"),
@@ -199,8 +214,133 @@ pub fn document_json() -> String {
     })
 }
 
-/// The document as JSON text, serialised once per process.
-static DOCUMENT_JSON: LazyLock<String> = LazyLock::new(document_json);
+/// What the layers and extractors of the router answer, added to each operation they apply
+/// to (the description of a status the handler documents itself is kept).
+pub struct LayerResponses;
+
+impl Modify for LayerResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            for (method, operation) in operations_mut(item) {
+                for (status, description) in layer_statuses(path, method, operation) {
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_string())
+                        .or_insert_with(|| problem_response(description));
+                }
+            }
+        }
+    }
+}
+
+/// A path's operations with their methods.
+fn operations_mut(item: &mut PathItem) -> Vec<(&'static str, &mut Operation)> {
+    [
+        ("get", item.get.as_mut()),
+        ("put", item.put.as_mut()),
+        ("post", item.post.as_mut()),
+        ("delete", item.delete.as_mut()),
+        ("options", item.options.as_mut()),
+        ("head", item.head.as_mut()),
+        ("patch", item.patch.as_mut()),
+        ("trace", item.trace.as_mut()),
+    ]
+    .into_iter()
+    .filter_map(|(method, operation)| operation.map(|operation| (method, operation)))
+    .collect()
+}
+
+/// The statuses the layers of `app.rs`, the key check of `auth.rs` and the extractors of
+/// `json.rs` can answer for `method path`, each with what it means.
+fn layer_statuses(path: &str, method: &str, operation: &Operation) -> Vec<(u16, &'static str)> {
+    let mut statuses = vec![
+        // RequestBodyLimitLayer refuses a declared Content-Length beyond the limit on every
+        // route, before routing; a body read past it is refused where it is read.
+        (
+            413,
+            "The request body is larger than the server's body limit",
+        ),
+        (500, "Internal error (nothing of it is shown)"),
+        (
+            503,
+            "The request took longer than the server allows and was stopped",
+        ),
+    ];
+    if path.starts_with("/v1/") {
+        statuses.push((401, "Missing, malformed, unknown or revoked API key"));
+        let board_route = path == "/v1/boards" || path.starts_with("/v1/boards/");
+        let creates =
+            method == "post" && matches!(path, "/v1/tasks" | "/v1/tasks:batch" | "/v1/boards");
+        if !board_route || creates {
+            statuses.push((
+                403,
+                "This key may not do this: a key limited to board pointers works only on /v1/boards; the local key of `skillstate view` creates nothing",
+            ));
+        }
+    }
+    if operation.request_body.is_some() {
+        statuses.push((
+            400,
+            "Malformed JSON, or JSON nested deeper than the server allows",
+        ));
+        statuses.push((415, "Not a JSON body (see the request body's media types)"));
+        statuses.push((
+            422,
+            "The body does not fit the request's schema; `errors` names each field",
+        ));
+    }
+    let has_query = operation.parameters.iter().flatten().any(|parameter| {
+        matches!(parameter, RefOr::T(parameter) if matches!(parameter.parameter_in, ParameterIn::Query))
+    });
+    if has_query {
+        statuses.push((400, "A query parameter does not fit; the detail names it"));
+    }
+    statuses
+}
+
+/// A problem+json response described by `description`.
+fn problem_response(description: &str) -> RefOr<utoipa::openapi::Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                crate::problem::PROBLEM_JSON,
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build(),
+    )
+}
+
+/// The document without `servers`, made once per process.
+static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(document);
+
+/// Where the service was reached, as `servers[0].url`: the configured public URL, or
+/// `http://` and the request's authority (its `Host`, or HTTP/2's `:authority`) when it is a
+/// well-formed host and port; `/` (the document's own origin) when the request names none.
+fn server_url(state: &AppState, headers: &HeaderMap, uri: &Uri) -> (String, bool) {
+    if let Some(url) = &state.config.public_url {
+        return (url.as_str().to_owned(), false);
+    }
+    let authority = uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
+        headers
+            .get(header::HOST)
+            .and_then(|host| host.to_str().ok())
+            .map(str::to_owned)
+    });
+    let checked = authority.filter(|host| {
+        !host.contains('@')
+            && host
+                .parse::<axum::http::uri::Authority>()
+                .is_ok_and(|a| a.as_str() == host)
+    });
+    match checked {
+        Some(host) => (format!("http://{host}"), true),
+        None => ("/".to_owned(), true),
+    }
+}
 
 /// The OpenAPI 3.1 document of this API.
 #[utoipa::path(
@@ -209,13 +349,29 @@ static DOCUMENT_JSON: LazyLock<String> = LazyLock::new(document_json);
     operation_id = "getOpenApi",
     summary = "The OpenAPI document",
     tag = "operations",
-    responses((status = 200, description = "This API's OpenAPI 3.1 document", body = Object))
+    responses((status = 200, description = "This API's OpenAPI 3.1 document; `servers` names the address it was fetched at (the operator's public URL, when configured)", body = Object))
 )]
-pub async fn serve_document() -> Response {
-    let mut response = DOCUMENT_JSON.as_str().into_response();
+pub async fn serve_document(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let (url, from_request) = server_url(&state, &headers, &uri);
+    let mut doc = DOCUMENT.clone();
+    doc.servers = Some(vec![Server::new(url)]);
+    let text = doc.to_json().unwrap_or_else(|error| {
+        format!("{{\"error\": \"the OpenAPI document failed to serialise: {error}\"}}")
+    });
+    let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if from_request {
+        // The document differs by the Host it was asked with.
+        response
+            .headers_mut()
+            .insert(header::VARY, HeaderValue::from_static("host"));
+    }
     response
 }

@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use skillstate_core::Skill;
 use skillstate_runtime::{StopLevel, TaskOptions, presented_tools, run_worker};
 use skillstate_server::{
-    ApiError, AppState, FieldError, ResolvedRequest, ResolvedSkill, ServerConfig, ServicePolicy,
-    TaskFactory, UpgradeTarget, check_initial_state, skill_dir,
+    ApiError, AppState, FieldError, PublicUrl, ResolvedRequest, ResolvedSkill, ServerConfig,
+    ServicePolicy, TaskFactory, UpgradeTarget, check_initial_state, skill_dir,
 };
 use skillstate_store::{NewTask, TaskRecord};
 
@@ -53,6 +53,12 @@ pub struct ServeArgs {
     /// `..`, no symbolic link). Off by default: a scripted model reads a file on the server.
     #[arg(long, value_name = "DIR")]
     pub(crate) scripted_dir: Option<PathBuf>,
+    /// The address clients reach this service at (`https://agents.example.com`, a path prefix
+    /// allowed), as the OpenAPI document's `servers` names it. Set it behind a proxy; without
+    /// it the document names `http://` and the Host each request was sent to
+    /// (`X-Forwarded-*` headers are never read).
+    #[arg(long, value_name = "URL")]
+    pub(crate) public_url: Option<PublicUrl>,
 }
 
 impl ServeArgs {
@@ -264,7 +270,11 @@ pub(crate) async fn run_with(
         skills: skills.clone(),
         config: config.clone(),
     });
-    let mut state = AppState::with_config(store.clone(), factory, ServerConfig::default())
+    let server_config = ServerConfig {
+        public_url: args.public_url.clone(),
+        ..ServerConfig::default()
+    };
+    let mut state = AppState::with_config(store.clone(), factory, server_config)
         .with_policy(policy)
         .with_prices(config.prices.clone())
         .with_secrets(config.secrets());

@@ -56,6 +56,7 @@ pub async fn run(db: &str, config_path: Option<&Path>, args: ViewArgs) -> Result
         work_roots: Vec::new(),
         allow_model: Vec::new(),
         scripted_dir: None,
+        public_url: None,
     };
     let viewer = Viewer {
         bench,
