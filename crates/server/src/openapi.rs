@@ -34,7 +34,8 @@ use crate::routes::board_events::BoardEventView;
 use crate::routes::board_upgrade::{BoardUpgradeRequest, BoardUpgradeView};
 use crate::routes::events::{EventKindName, EventView};
 use crate::routes::inbox::{
-    ApproveRequest, MessageKindName, MessageList, MessageRequest, MessageView, RejectRequest,
+    ApproveRequest, DeliveryName, MessageKindName, MessageList, MessageRequest, MessageView,
+    RejectRequest,
 };
 use crate::routes::journal::ForkRequest;
 use crate::routes::recall::SearchOrder;
@@ -144,6 +145,7 @@ use crate::views::*;
         ApproveRequest,
         MessageView,
         MessageKindName,
+        DeliveryName,
         MessageList,
         BatchListItem,
         BatchPage,

@@ -67,9 +67,34 @@ pub struct MessageView {
     pub author: String,
     #[schema(format = DateTime)]
     pub created_at: String,
-    /// The step whose observation carried it, or whose paused action it decided; null while it
-    /// waits for a worker.
+    /// The step whose observation carries it (a decision: the observation its action's result
+    /// opens); null while it waits for a worker. A step the task has not taken yet when the
+    /// task finished first: see `delivery`.
     pub delivered_step: Option<u64>,
+    /// What became of it, read with the task as it is now.
+    pub delivery: DeliveryName,
+    /// The step the task finished at, when it is finished and never took `delivered_step`
+    /// (`unshown`), or when the entry waits and the task is finished (a message reopens it).
+    pub finished_at_step: Option<u64>,
+    /// The same, in a sentence for people: `delivered at step 12`, `stored for step 31, but the
+    /// task finished at step 30 without taking that step`, …
+    pub summary: String,
+}
+
+/// What became of an inbox entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryName {
+    /// No worker has taken it yet.
+    Waiting,
+    /// Step `delivered_step` exists and its observation shows it.
+    Shown,
+    /// It opens the observation of the step the task takes next (`delivered_step`).
+    NextStep,
+    /// Stored with the observation of step `delivered_step`, but the task finished (at
+    /// `finished_at_step`) without taking that step: no model saw it. A message that reopens
+    /// the task is shown with it, if the task takes that step.
+    Unshown,
 }
 
 /// A task's messages and decisions, oldest first.
@@ -78,8 +103,63 @@ pub struct MessageList {
     pub messages: Vec<MessageView>,
 }
 
+/// Whether `task` has finished: completed, failed or cancelled (nothing runs it until a
+/// message reopens it).
+fn finished(task: &TaskRecord) -> bool {
+    matches!(task.status, TaskStatus::Completed | TaskStatus::Failed)
+}
+
+/// What became of `record`, given its task as it is now; the step the task finished at when
+/// that matters; and a sentence saying so.
+fn delivery_of(record: &MessageRecord, task: &TaskRecord) -> (DeliveryName, Option<u64>, String) {
+    let last = task.version;
+    let ended = if is_canceled(task) {
+        "was cancelled"
+    } else {
+        "finished"
+    };
+    match record.delivered_step {
+        None if finished(task) && !is_canceled(task) && record.kind == MessageKind::Message => (
+            DeliveryName::Waiting,
+            Some(last),
+            format!(
+                "waiting for a worker; the task finished at step {last}, and the worker reopens it with this message as the observation of step {} (a task whose environment's episode is over finishes again at once, without that step)",
+                last + 1
+            ),
+        ),
+        None if finished(task) => (
+            DeliveryName::Waiting,
+            Some(last),
+            format!("waiting for a worker; the task {ended} at step {last}, so this has no effect"),
+        ),
+        None => (
+            DeliveryName::Waiting,
+            None,
+            "waiting for a worker".to_owned(),
+        ),
+        Some(step) if step <= last => (
+            DeliveryName::Shown,
+            None,
+            format!("delivered at step {step}"),
+        ),
+        Some(step) if finished(task) => (
+            DeliveryName::Unshown,
+            Some(last),
+            format!(
+                "stored for step {step}, but the task {ended} at step {last} without taking that step; no model saw it"
+            ),
+        ),
+        Some(step) => (
+            DeliveryName::NextStep,
+            None,
+            format!("delivered for step {step}, the task's next step"),
+        ),
+    }
+}
+
 impl MessageView {
-    fn of(record: &MessageRecord, redaction: &Redaction) -> Self {
+    fn of(record: &MessageRecord, redaction: &Redaction, task: &TaskRecord) -> Self {
+        let (delivery, finished_at_step, summary) = delivery_of(record, task);
         Self {
             id: record.id,
             task: record.task_id.clone(),
@@ -93,6 +173,9 @@ impl MessageView {
             author: record.author.clone(),
             created_at: rfc3339(record.created_at),
             delivered_step: record.delivered_step,
+            delivery,
+            finished_at_step,
+            summary,
         }
     }
 }
@@ -149,7 +232,7 @@ pub async fn send_message(
     tag = "inbox",
     params(("id" = String, Path, description = "The task's id")),
     responses(
-        (status = 200, description = "Oldest first, with the step each was delivered at", body = MessageList),
+        (status = 200, description = "Oldest first, each with the step it was delivered for and what became of it (`delivery`, `summary`): a step a finished task never took is `unshown`, never `delivered at`", body = MessageList),
         (status = 401, description = "Missing, unknown or revoked API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task for this tenant", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
@@ -168,7 +251,7 @@ pub async fn list_messages(
         .messages(&task.id)
         .await?
         .iter()
-        .map(|m| MessageView::of(m, &redaction))
+        .map(|m| MessageView::of(m, &redaction, &task))
         .collect();
     Ok(axum::Json(MessageList { messages }))
 }
@@ -404,7 +487,7 @@ async fn post(
         .await?;
     Ok((
         StatusCode::ACCEPTED,
-        axum::Json(MessageView::of(&record, &Redaction::of_task(task))),
+        axum::Json(MessageView::of(&record, &Redaction::of_task(task), task)),
     ))
 }
 
