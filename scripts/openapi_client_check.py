@@ -288,9 +288,23 @@ def run(base_url: str, key: str) -> None:
             f"message delivered at step {delivered}, not the step after version {task.version}",
         )
         after = wait_for_status(client, task_id, StatusName.COMPLETED)
-        print(
-            f"message {sent.id} delivered at step {delivered}; task completed at version {after.version}"
-        )
+        # Whether the reopened task took that step decides what the listing says: an episode
+        # that is over completes again at once, and the message was then never shown.
+        listed = parsed_as(
+            list_messages.sync_detailed(task_id, client=client),
+            MessageList,
+            HTTPStatus.OK,
+            "listMessages",
+        ).messages
+        mine = next(m for m in listed if m.id == sent.id)
+        if after.version >= delivered:
+            check(mine.delivery.value == "shown", f"listMessages: {mine.to_dict()!r}")
+        else:
+            check(
+                mine.delivery.value == "unshown" and mine.finished_at_step == after.version,
+                f"listMessages: {mine.to_dict()!r}",
+            )
+        print(f"message {sent.id}: {mine.summary} (task completed at version {after.version})")
 
 
 def main() -> int:

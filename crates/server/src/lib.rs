@@ -60,7 +60,7 @@ pub use factory::{
 pub use json::{nesting_exceeds, parse_body};
 pub use key_secret::{SECRET_PREFIX, hash_secret, new_key_secret};
 pub use metrics::{metrics_router, serve_metrics};
-pub use openapi::{ApiDoc, document, document_json};
+pub use openapi::{ApiDoc, document, document_json, document_value};
 pub use policy::{ResolvedRequest, ResolvedSkill, ServicePolicy};
 pub use problem::{ApiError, FieldError, PROBLEM_JSON, Problem};
 pub use viewer::CONTENT_SECURITY_POLICY;

@@ -12,6 +12,10 @@
 //! `servers` names where the document was fetched from ([`serve_document`]): the operator's
 //! public URL when one is configured, otherwise `http://` and the request's `Host` (never an
 //! `X-Forwarded-*` header, which any client can send).
+//!
+//! Nullable values are spelled as readers written for OpenAPI 3.0 take them (an optional
+//! parameter without `"null"`, `anyOf` with `{"type": "null"}` elsewhere; [`plain_nullables`]),
+//! so LangChain's OpenAPI tooling imports every operation (scripts/openapi-langchain).
 
 use std::sync::LazyLock;
 
@@ -21,7 +25,6 @@ use axum::response::{IntoResponse, Response};
 use utoipa::openapi::path::{Operation, ParameterIn, PathItem};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::server::Server;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 
@@ -209,11 +212,140 @@ pub fn document() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// The document as JSON text.
+/// The document as JSON text: [`document_value`], without `servers`.
 pub fn document_json() -> String {
-    document().to_json().unwrap_or_else(|error| {
-        format!("{{\"error\": \"the OpenAPI document failed to serialise: {error}\"}}")
-    })
+    document_value().to_string()
+}
+
+/// The document as JSON, in the form its consumers read: [`document`] with nullable values
+/// spelled for readers that predate OpenAPI 3.1's type arrays ([`plain_nullables`]).
+pub fn document_value() -> serde_json::Value {
+    match serde_json::to_value(document()) {
+        Ok(mut value) => {
+            plain_nullables(&mut value);
+            value
+        }
+        Err(error) => serde_json::json!({
+            "error": format!("the OpenAPI document failed to serialise: {error}")
+        }),
+    }
+}
+
+/// Keywords that describe a schema rather than constrain a type: they stay beside `anyOf`.
+const ANNOTATIONS: [&str; 9] = [
+    "description",
+    "title",
+    "example",
+    "examples",
+    "default",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$comment",
+];
+
+/// Rewrites `"type": [T, "null"]` (what utoipa makes of an `Option<T>`) into the same set of
+/// values in the form OpenAPI tooling written for 3.0 reads — LangChain's `APIOperation`
+/// refuses a type array:
+///
+/// - an optional parameter's schema loses `"null"`: a parameter is absent or a string on the
+///   wire, never JSON null;
+/// - any other schema becomes `anyOf: [{"type": T, …its constraints}, {"type": "null"}]`, its
+///   annotations (description, example, …) kept beside. The constraints (`maxLength`,
+///   `minimum`, `properties`, …) apply to T's values only, in either form, so both accept
+///   exactly the same instances.
+fn plain_nullables(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
+        for item in paths.values_mut() {
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for operation in item.values_mut() {
+                let parameters = operation
+                    .get_mut("parameters")
+                    .and_then(Value::as_array_mut);
+                for parameter in parameters.into_iter().flatten() {
+                    if parameter.get("required") == Some(&Value::Bool(true)) {
+                        continue;
+                    }
+                    let Some(types) = parameter
+                        .get_mut("schema")
+                        .and_then(|schema| schema.get_mut("type"))
+                    else {
+                        continue;
+                    };
+                    if let Some(list) = types.as_array() {
+                        let kept: Vec<Value> = list
+                            .iter()
+                            .filter(|t| t.as_str() != Some("null"))
+                            .cloned()
+                            .collect();
+                        *types = match <[Value; 1]>::try_from(kept) {
+                            Ok([one]) => one,
+                            Err(many) => Value::Array(many),
+                        };
+                    }
+                }
+            }
+        }
+    }
+    any_of_null(doc);
+}
+
+/// The `anyOf` rewrite of [`plain_nullables`], everywhere below `value` but inside example
+/// and constant values (which are data, not schemas).
+fn any_of_null(value: &mut serde_json::Value) {
+    use serde_json::{Map, Value};
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(any_of_null),
+        Value::Object(object) => {
+            for (key, child) in object.iter_mut() {
+                if !matches!(
+                    key.as_str(),
+                    "example" | "examples" | "default" | "enum" | "const"
+                ) {
+                    any_of_null(child);
+                }
+            }
+            let Some(Value::Array(types)) = object.get("type") else {
+                return;
+            };
+            let others: Vec<Value> = types
+                .iter()
+                .filter(|t| t.as_str() != Some("null"))
+                .cloned()
+                .collect();
+            if others.len() == types.len() || others.is_empty() {
+                return;
+            }
+            let mut kept = Map::new();
+            let mut constraints = Map::new();
+            for (key, child) in std::mem::take(object) {
+                if key == "type" {
+                    continue;
+                }
+                if ANNOTATIONS.contains(&key.as_str()) {
+                    kept.insert(key, child);
+                } else {
+                    constraints.insert(key, child);
+                }
+            }
+            let mut branches: Vec<Value> = others
+                .into_iter()
+                .map(|kind| {
+                    let mut branch = Map::new();
+                    branch.insert("type".to_owned(), kind);
+                    branch.extend(constraints.clone());
+                    Value::Object(branch)
+                })
+                .collect();
+            branches.push(serde_json::json!({"type": "null"}));
+            object.insert("anyOf".to_owned(), Value::Array(branches));
+            object.extend(kept);
+        }
+        _ => {}
+    }
 }
 
 /// What the layers and extractors of the router answer, added to each operation they apply
@@ -317,7 +449,7 @@ fn problem_response(description: &str) -> RefOr<utoipa::openapi::Response> {
 }
 
 /// The document without `servers`, made once per process.
-static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(document);
+static DOCUMENT: LazyLock<serde_json::Value> = LazyLock::new(document_value);
 
 /// Where the service was reached, as `servers[0].url`: the configured public URL, or
 /// `http://` and the request's authority (its `Host`, or HTTP/2's `:authority`) when it is a
@@ -359,12 +491,18 @@ pub async fn serve_document(
     uri: Uri,
 ) -> Response {
     let (url, from_request) = server_url(&state, &headers, &uri);
-    let mut doc = DOCUMENT.clone();
-    doc.servers = Some(vec![Server::new(url)]);
-    let text = doc.to_json().unwrap_or_else(|error| {
-        format!("{{\"error\": \"the OpenAPI document failed to serialise: {error}\"}}")
-    });
-    let mut response = text.into_response();
+    // `servers` right after `info`, where a reader looks for it.
+    let mut doc = serde_json::Map::new();
+    for (key, value) in DOCUMENT.as_object().into_iter().flatten() {
+        doc.insert(key.clone(), value.clone());
+        if key == "info" {
+            doc.insert("servers".to_owned(), serde_json::json!([{ "url": url }]));
+        }
+    }
+    if !doc.contains_key("servers") {
+        doc.insert("servers".to_owned(), serde_json::json!([{ "url": url }]));
+    }
+    let mut response = serde_json::Value::Object(doc).to_string().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -376,4 +514,68 @@ pub async fn serve_document(
             .insert(header::VARY, HeaderValue::from_static("host"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn nullables_become_any_of_and_optional_parameters_plain() {
+        let mut doc = json!({
+            "paths": {"/x": {"get": {"parameters": [
+                {"name": "after", "in": "query", "required": false, "schema": {"type": ["string", "null"]}},
+                {"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}
+            ]}}},
+            "components": {"schemas": {"A": {"type": "object", "properties": {
+                "name": {"type": ["string", "null"], "description": "d", "maxLength": 3, "example": {"type": ["x", "null"]}},
+                "plain": {"type": "integer"}
+            }}}}
+        });
+        plain_nullables(&mut doc);
+        assert_eq!(
+            doc["paths"]["/x"]["get"]["parameters"][0]["schema"],
+            json!({"type": "string"})
+        );
+        assert_eq!(
+            doc["components"]["schemas"]["A"]["properties"]["name"],
+            json!({
+                "anyOf": [{"type": "string", "maxLength": 3}, {"type": "null"}],
+                "description": "d",
+                "example": {"type": ["x", "null"]}
+            })
+        );
+        assert_eq!(
+            doc["components"]["schemas"]["A"]["properties"]["plain"],
+            json!({"type": "integer"})
+        );
+    }
+
+    #[test]
+    fn the_served_document_has_no_type_array() {
+        fn walk(value: &serde_json::Value, at: &str) {
+            match value {
+                serde_json::Value::Object(object) => {
+                    assert!(
+                        !object.get("type").is_some_and(serde_json::Value::is_array),
+                        "{at}: {value}"
+                    );
+                    for (key, child) in object {
+                        if !matches!(key.as_str(), "example" | "examples") {
+                            walk(child, &format!("{at}/{key}"));
+                        }
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for (i, child) in items.iter().enumerate() {
+                        walk(child, &format!("{at}/{i}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        walk(&document_value(), "");
+    }
 }
