@@ -1,7 +1,7 @@
 """The service's OpenAPI document read by LangChain's OpenAPI tooling, then a route called
 through it (scripts/openapi-langchain starts the server and runs this).
 
-    python scripts/openapi_langchain_check.py BASE KEY
+    python scripts/openapi_langchain_check.py BASE KEY [PUBLIC_URL]
 
 1. The document parses as OpenAPI 3.1 with openapi-pydantic, strictly (LangChain's
    `OpenAPISpec.parse_obj` drops whatever does not validate and carries on, so a clean strict
@@ -13,6 +13,8 @@ through it (scripts/openapi-langchain starts the server and runs this).
    creates a task and `getTask` reads it back; then `getState` reads its state once a
    worker has run it.
 4. What Dify's importer does: fetch the document, take `servers[0].url`, call a route there.
+   With PUBLIC_URL (the server's `--public-url`), `servers[0].url` is it (without its trailing
+   `/`) even when the document is asked for with another Host.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
-def fetch_json(url: str, key: str | None = None) -> tuple[int, dict]:
+def fetch_json(url: str, key: str | None = None, host: str | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(url)
+    if host:
+        request.add_header("Host", host)
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -40,8 +44,14 @@ def fetch_json(url: str, key: str | None = None) -> tuple[int, dict]:
 
 def main() -> None:
     base, key = sys.argv[1], sys.argv[2]
+    public = sys.argv[3].rstrip("/") if len(sys.argv) > 3 else None
     document_url = f"{base}/openapi.json"
     _, raw = fetch_json(document_url)
+    if public is not None:
+        _, elsewhere = fetch_json(document_url, host="agents.example.invalid")
+        if elsewhere["servers"] != [{"url": public}] or raw["servers"] != [{"url": public}]:
+            fail(f"servers is {elsewhere['servers']} (and {raw['servers']}), not the public URL {public}")
+        print(f"openapi-langchain: servers[0].url is the public URL {public}, whatever the Host")
 
     # 1. Strict parse, then LangChain's.
     from openapi_pydantic import OpenAPI
