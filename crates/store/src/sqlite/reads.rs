@@ -5,6 +5,10 @@
 //! connection's worker thread and back), which is most of a request's CPU time (docs/performance.md,
 //! "Performance", "HTTP service").
 //!
+//! A recall search (`recall.rs`) is read here too, since a step that recalls waits for it; it is
+//! the one read whose cost depends on the query (a word on most entries), so it is interrupted
+//! after `SEARCH_BUSY` and handed to the pool, which runs it off the caller's thread.
+//!
 //! A task's skill definition and tool list (about 4 KB) are most of what a read of it decodes.
 //! Since schema 13 they are a skill version (`skill_versions`), stored once under the hash of its
 //! content and refused any UPDATE by a trigger; a task's row names the version it runs
@@ -41,6 +45,8 @@ use crate::{Result, StoreError};
 const IDLE: usize = 8;
 /// How long a read waits for a lock here before the pool takes over.
 const BUSY: Duration = Duration::from_millis(20);
+/// How long a recall search may run here before it is interrupted and the pool runs it.
+const SEARCH_BUSY: Duration = Duration::from_millis(2);
 /// Skill versions kept decoded; the cache starts over when full.
 const DECODED_KEPT: usize = 4096;
 
@@ -297,6 +303,23 @@ impl Readers {
         })
     }
 
+    /// The rows of a recall search's statement (`recall.rs`), with its values bound in order.
+    pub(super) fn search(
+        &self,
+        sql: &str,
+        binds: &[super::recall::Bind],
+    ) -> Option<Vec<super::recall::SearchRow>> {
+        self.read(|conn| {
+            // Past `SEARCH_BUSY` the read is interrupted and the pool runs it instead: a
+            // search for a word on most entries must not hold the caller's thread.
+            let deadline = std::time::Instant::now() + SEARCH_BUSY;
+            conn.progress_handler(1000, Some(move || std::time::Instant::now() > deadline))?;
+            let found = search_rows(conn, sql, binds);
+            conn.progress_handler(0, None::<fn() -> bool>)?;
+            found
+        })
+    }
+
     /// `task`'s action intents, in step order.
     pub(super) fn intents(&self, task: &str) -> Option<Result<Vec<IntentRecord>>> {
         let rows = self.read(|conn| {
@@ -472,6 +495,34 @@ fn parse_context(context: &str) -> Result<ContextStrategy> {
     })
 }
 
+/// A recall search's rows (`Readers::search`).
+fn search_rows(
+    conn: &Connection,
+    sql: &str,
+    binds: &[super::recall::Bind],
+) -> rusqlite::Result<Vec<super::recall::SearchRow>> {
+    use super::recall::Bind;
+    let mut statement = conn.prepare_cached(sql)?;
+    for (at, bind) in binds.iter().enumerate() {
+        match bind {
+            Bind::Text(text) => statement.raw_bind_parameter(at + 1, text)?,
+            Bind::Int(n) => statement.raw_bind_parameter(at + 1, n)?,
+        }
+    }
+    let mut rows = statement.raw_query();
+    let mut found = Vec::new();
+    while let Some(row) = rows.next()? {
+        found.push((
+            row.get(0)?,
+            row.get(1)?,
+            row.get(2)?,
+            row.get(3)?,
+            row.get(4)?,
+        ));
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -521,6 +572,29 @@ mod tests {
         assert!(caught.is_err());
         writer.execute("UPDATE api_keys SET revoked_at = 8 WHERE id = 'k1'", [])?;
         assert_eq!(revoked(&readers)?, Some(8));
+        Ok(())
+    }
+
+    /// A search that runs past `SEARCH_BUSY` is interrupted (the pool runs it instead), and
+    /// the connection it ran on answers the next search as usual.
+    #[test]
+    fn a_long_search_is_handed_back_and_leaves_its_connection_usable() -> anyhow::Result<()> {
+        use super::super::recall::Bind;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("s.db");
+        let writer = Connection::open(&path)?;
+        writer.pragma_update(None, "journal_mode", "WAL")?;
+        let readers = Readers::new(&path);
+        let long = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
+                    SELECT max(i), 0, 'observation', NULL, '' FROM n";
+        assert_eq!(readers.search(long, &[Bind::Int(1_000_000_000)]), None);
+        let short = readers
+            .search(long, &[Bind::Int(3)])
+            .context("a short search")?;
+        assert_eq!(
+            short,
+            vec![(3, 0, "observation".to_owned(), None, String::new())]
+        );
         Ok(())
     }
 }
