@@ -778,7 +778,7 @@ async function taskPage(main, id, params, signal) {
     if (signal.aborted) return;
     messages.replaceChildren(...list.messages.map((m) => el('li', { dataset: { kind: m.kind } },
       el('strong', null, m.kind), ' ', m.text ? '“' + m.text + '” ' : '',
-      el('span', { class: 'muted' }, 'by ' + m.author + ', ' + m.created_at + ', ' + (m.delivered_step === null ? 'waiting for a worker' : 'delivered at step ' + m.delivered_step)))));
+      el('span', { class: 'muted' }, 'by ' + m.author + ', ' + m.created_at + ', ' + (m.summary || (m.delivered_step === null ? 'waiting for a worker' : 'for step ' + m.delivered_step))))));
     if (!list.messages.length) messages.append(el('li', { class: 'muted' }, 'none'));
   };
 
