@@ -88,6 +88,11 @@ pub const SQLITE: &[Migration] = &[
         name: "trace_context",
         sql: include_str!("../migrations/sqlite/0015_trace_context.sql"),
     },
+    Migration {
+        version: 16,
+        name: "recall_deferred",
+        sql: include_str!("../migrations/sqlite/0016_recall_deferred.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[

@@ -8,7 +8,9 @@
 //! statement) is rolled back to its savepoint and gets its own error while the others still
 //! commit. Every request is answered only after `COMMIT` returned, so "committed" means on disk
 //! under the configured `synchronous` setting, exactly as with one transaction per write. While
-//! one group syncs, the next one gathers.
+//! one group syncs, the next one gathers. The recall entries a group's writes insert are indexed
+//! in full text once, after the last savepoint and before `COMMIT` (`defer_index`, migration 16):
+//! one segment per group instead of one per write.
 //!
 //! The writer is a plain thread with its own connection, so a whole group runs without one
 //! thread hop per statement (which is what a pooled async connection costs, and what limited
@@ -283,20 +285,34 @@ fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Res
     let mut results = Vec::with_capacity(writes.len());
     // Set when the transaction itself broke.
     let mut broken = false;
+    if let Err(failure) = defer_index(conn) {
+        let message = failure.to_string();
+        results.extend(writes.iter().map(|_| {
+            Err(StoreError::Write {
+                location: location.to_owned(),
+                message: message.clone(),
+            })
+        }));
+        broken = true;
+    }
     for write in writes {
+        if broken {
+            break;
+        }
         match write.apply(conn) {
             Applied::Done(result) => results.push(result.map_err(error)),
             Applied::Broken(failure) => {
                 results.push(Err(error(failure)));
                 broken = true;
-                break;
             }
         }
     }
     let commit = if broken {
         Err("an earlier write of the same group broke the transaction".to_owned())
     } else {
-        conn.execute_batch("COMMIT").map_err(|e| e.to_string())
+        index_deferred(conn)
+            .and_then(|()| conn.execute_batch("COMMIT"))
+            .map_err(|e| e.to_string())
     };
     if let Err(message) = commit {
         if !conn.is_autocommit() {
@@ -316,4 +332,29 @@ fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Res
         return all;
     }
     results
+}
+
+/// Marks the group's transaction so that the recall entries its writes insert are indexed
+/// once, by [`index_deferred`], instead of one full-text segment per write's savepoint
+/// (migration 16 says why).
+fn defer_index(conn: &Connection) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO recall_deferred (mark) SELECT COALESCE(MAX(id), 0) FROM recall_entries",
+    )?
+    .execute([])?;
+    Ok(())
+}
+
+/// Indexes the recall entries the group's writes inserted (every id above the mark) and
+/// removes the mark, in the group's transaction, after its last savepoint.
+fn index_deferred(conn: &Connection) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO recall_fts (rowid, task_key, text) \
+         SELECT id, 't' || replace(task_id, '-', ''), text FROM recall_entries \
+         WHERE id > (SELECT mark FROM recall_deferred)",
+    )?
+    .execute([])?;
+    conn.prepare_cached("DELETE FROM recall_deferred")?
+        .execute([])?;
+    Ok(())
 }

@@ -289,6 +289,65 @@ async fn a_refused_write_and_a_rejected_answer_are_never_found() -> anyhow::Resu
     .await
 }
 
+/// Steps committed together (SQLite's writer commits concurrent writes in one transaction,
+/// each under a savepoint, and indexes their entries once at the end): each accepted one is
+/// found by its own words, each refused one (a stale version, rolled back to its savepoint
+/// inside the same transaction) never is, and the index holds nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_committed_together_are_found_and_refused_ones_among_them_never() -> anyhow::Result<()>
+{
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let mut tasks = Vec::new();
+        for _ in 0..24 {
+            tasks.push(store.create_task(new_task(), &json!({})).await?.id);
+        }
+        let commits = tasks.iter().enumerate().map(|(n, task)| {
+            let store = store.clone();
+            let task = task.clone();
+            async move {
+                // Every third one names a version the task is not at: refused whole.
+                let stale = n % 3 == 0;
+                let word = format!("crate_{n}");
+                let mut commit =
+                    step_commit(1, &json!({}), json!({"inventory": {"shelf_1": word}}), true);
+                commit.entry.output = answer(
+                    &format!("store {word} as told"),
+                    &json!({"inventory": {"shelf_1": word}}),
+                    &json!({"tool": "wait", "args": {}}),
+                );
+                let at = if stale { 5 } else { 0 };
+                let result = store.commit_step(&task, at, &commit).await;
+                (task, word, stale, result)
+            }
+        });
+        let outcomes = futures_util::future::join_all(commits).await;
+        for (task, word, stale, result) in outcomes {
+            assert_eq!(result.is_err(), stale, "{word}: {result:?}");
+            let hits = found(store.as_ref(), &task, &words(&word), 50).await?;
+            if stale {
+                assert!(hits.is_empty(), "{word} was refused, yet found: {hits:?}");
+            } else {
+                let kinds: Vec<RecallKind> = hits.iter().map(|(_, kind, _)| *kind).collect();
+                assert!(
+                    kinds.contains(&RecallKind::Reasoning) && kinds.contains(&RecallKind::State),
+                    "{word}: {hits:?}"
+                );
+                assert!(hits.iter().all(|(step, _, _)| *step == 1), "{hits:?}");
+            }
+            // The other tasks' words are never this task's hits.
+            let other = format!("crate_{}", (word[6..].parse::<usize>()? + 1) % 24);
+            assert!(
+                found(store.as_ref(), &task, &words(&other), 50)
+                    .await?
+                    .is_empty()
+            );
+        }
+        anyhow::Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_recalls_its_parents_history_up_to_the_fork_only() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
