@@ -186,7 +186,9 @@ mod tests {
         let ran = Arc::new(AtomicBool::new(false));
         let second = {
             let ran = ran.clone();
-            offload.run("the second piece", async move { ran.store(true, Ordering::SeqCst) })
+            offload.run("the second piece", async move {
+                ran.store(true, Ordering::SeqCst)
+            })
         };
         let (first, second) = tokio::join!(first, second);
         for late in [first.map(|_| ()), second] {
@@ -201,8 +203,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!ran.load(Ordering::SeqCst));
         // And the thread serves the next one.
-        let offload = Offload { deadline: Duration::from_secs(10), ..offload };
-        assert_eq!(offload.run("the third piece", async { 3 }).await.ok(), Some(3));
+        let offload = Offload {
+            deadline: Duration::from_secs(10),
+            ..offload
+        };
+        assert_eq!(
+            offload.run("the third piece", async { 3 }).await.ok(),
+            Some(3)
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,8 +223,14 @@ mod tests {
                 }
             })
             .await;
-        assert!(matches!(panicked, Err(ApiError::Internal(_))), "{panicked:?}");
-        assert_eq!(offload.run("the next piece", async { 7 }).await.ok(), Some(7));
+        assert!(
+            matches!(panicked, Err(ApiError::Internal(_))),
+            "{panicked:?}"
+        );
+        assert_eq!(
+            offload.run("the next piece", async { 7 }).await.ok(),
+            Some(7)
+        );
     }
 
     fn busy_and_true() -> bool {
