@@ -39,19 +39,7 @@ async fn a_message_to_a_finished_task_is_never_said_delivered_at_a_step_it_lacks
     api: &dyn Transport,
 ) {
     let (key, _) = harness.key("acme").await;
-    let created = api
-        .send(
-            Call::post(
-                "/v1/tasks",
-                &json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 5, "events": 2}}),
-            )
-            .key(&key),
-        )
-        .await;
-    let id = created.expect(201).json()["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_oracle_task(api, &key, 2).await;
 
     // A message the task takes: shown at step 1.
     send(api, &key, &id, "Shelf 7 is blocked today").await;

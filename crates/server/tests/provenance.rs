@@ -16,19 +16,7 @@ async fn get(api: &dyn Transport, key: &str, path: &str) -> Value {
 async fn provenance_of_a_run_and_an_api_write(harness: &Harness, api: &dyn Transport) {
     let (key, key_id) = harness.key("acme").await;
     let (other, _) = harness.key("globex").await;
-    let created = api
-        .send(
-            Call::post(
-                "/v1/tasks",
-                &json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 5, "events": 6}}),
-            )
-            .key(&key),
-        )
-        .await;
-    let id = created.expect(201).json()["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_oracle_task(api, &key, 6).await;
     run_to_end(harness.store(), &id).await;
     let version = get(api, &key, &format!("/v1/tasks/{id}")).await["version"]
         .as_u64()

@@ -10,9 +10,8 @@
 mod support;
 mod viewer_webdriver;
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -21,10 +20,7 @@ use skillstate_server::{ApiError, CONTENT_SECURITY_POLICY, ResolvedRequest, Task
 use skillstate_store::{NewTask, TaskRecord, TaskStatus};
 use skillstate_tools::Environment;
 use support::*;
-use viewer_webdriver::{Browser, Driver, keys};
-
-/// How long any one thing may take to show in the browser.
-const WAIT: Duration = Duration::from_secs(20);
+use viewer_webdriver::{Browser, Driver, WAIT, keys, screenshots};
 
 /// The shipped warehouse; tasks labelled `gate: approve` need approval for every
 /// environment action.
@@ -48,13 +44,6 @@ impl TaskFactory for Selective {
     ) -> Result<Option<Box<dyn Environment>>, ApiError> {
         self.0.fork_world(task).await
     }
-}
-
-fn screenshots() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("viewer-screenshots")
 }
 
 async fn create(api: &Socket, key: &str, body: Value) -> String {

@@ -9,23 +9,10 @@
 mod support;
 mod viewer_webdriver;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use axum::http::Method;
 use serde_json::{Value, json};
 use support::*;
-use viewer_webdriver::{Browser, Driver, keys};
-
-/// How long any one thing may take to show in the browser.
-const WAIT: Duration = Duration::from_secs(20);
-
-fn screenshots() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("viewer-screenshots")
-}
+use viewer_webdriver::{Browser, Driver, WAIT, keys, screenshots};
 
 async fn get(api: &Socket, key: &str, path: &str) -> Value {
     api.send(Call::get(path).key(key)).await.expect(200).json()

@@ -8,14 +8,11 @@ mod support;
 mod viewer_webdriver;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 use skillstate_store::TaskStatus;
 use support::*;
-use viewer_webdriver::{Browser, Driver};
-
-const WAIT: Duration = Duration::from_secs(20);
+use viewer_webdriver::{Browser, Driver, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_version_boundary_in_a_real_browser() {

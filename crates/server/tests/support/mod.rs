@@ -393,6 +393,24 @@ impl Reply {
     }
 }
 
+/// Creates a warehouse task the oracle runs (seed 5, `events` events) through `api` with
+/// `key`; its id.
+pub async fn create_oracle_task(api: &dyn Transport, key: &str, events: u64) -> String {
+    let created = api
+        .send(
+            Call::post(
+                "/v1/tasks",
+                &serde_json::json!({"skill": "warehouse", "model": "oracle", "environment": {"seed": 5, "events": events}}),
+            )
+            .key(key),
+        )
+        .await;
+    created.expect(201).json()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// A request, before it is sent.
 pub struct Call {
     pub method: Method,

@@ -15,6 +15,17 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 pub const INSTALL: &str = "apt-get install -y chromium chromium-driver";
 
+/// How long any one thing may take to show in the browser.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Where the viewer tests put their screenshots: target/viewer-screenshots/.
+pub fn screenshots() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("viewer-screenshots")
+}
+
 fn program(variable: &str, default: &str) -> PathBuf {
     std::env::var_os(variable)
         .map(PathBuf::from)
