@@ -163,7 +163,12 @@ mod tests {
                     .run("a piece", async move {
                         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
-                        busy(40);
+                        // Each piece waits (at most 5 s) until two run, so a pool that ran
+                        // them one at a time fails here however fast the machine is.
+                        let until = std::time::Instant::now() + Duration::from_secs(5);
+                        while most.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < until {
+                            busy(1);
+                        }
                         running.fetch_sub(1, Ordering::SeqCst);
                         n * 10
                     })
