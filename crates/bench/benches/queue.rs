@@ -9,6 +9,10 @@
 //! the figures add `wire_round_trips_per_step`; `--delay-ms N` makes the proxy hold every chunk
 //! N ms each way, as a server on another machine would (queueing the tasks does not go through
 //! it).
+//! With `--start-latency` it measures instead how soon queued work starts on an idle worker:
+//! 200 single tasks queued one at a time (p50/p99, queued → first step), then one batch of
+//! `--tasks` tasks (queued → its first step); `--no-signal` makes the worker poll (every
+//! 500 ms) instead of waiting on the store's work signal (PostgreSQL's LISTEN/NOTIFY).
 //! Under `cargo test` (no `--bench` argument) it runs 20 tasks of 3 steps, as a smoke test.
 //! Without `--db` a fresh SQLite file (synchronous = FULL) in a temporary directory is used.
 //! With `--processes N > 1` the tasks are run by N worker processes (this program re-run with
@@ -28,6 +32,8 @@ struct Args {
     bench: bool,
     wire: bool,
     delay_ms: u64,
+    start_latency: bool,
+    no_signal: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,6 +47,8 @@ fn parse() -> Result<Args, String> {
         bench: false,
         wire: false,
         delay_ms: 0,
+        start_latency: false,
+        no_signal: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,6 +67,8 @@ fn parse() -> Result<Args, String> {
             "--db" => args.db = Some(value()?),
             "--join" => args.join = Some(value()?),
             "--wire" => args.wire = true,
+            "--start-latency" => args.start_latency = true,
+            "--no-signal" => args.no_signal = true,
             "--delay-ms" => {
                 args.delay_ms = number(value()?)? as u64;
                 args.wire = true;
@@ -105,6 +115,23 @@ fn run() -> Result<(), String> {
             );
             return Ok(());
         }
+        if args.start_latency {
+            let singles = if args.bench { 200 } else { 5 };
+            let report = skillstate_bench::queue::start_latency(
+                Arc::clone(&store),
+                Arc::clone(&store),
+                singles,
+                args.tasks,
+                args.concurrency,
+                !args.no_signal,
+            )
+            .await?;
+            println!(
+                "{}",
+                serde_json::to_value(&report).map_err(|e| e.to_string())?
+            );
+            return Ok(());
+        }
         // The workers' way to the database: through the counting proxy with --wire.
         let proxy = if args.wire {
             let placeholder = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
@@ -139,6 +166,8 @@ fn run() -> Result<(), String> {
         } else {
             Arc::clone(&store)
         };
+        // Opening the worker's store (the schema check) is not a step's cost.
+        let turns_before = proxy.as_ref().map_or(0, |proxy| proxy.turns());
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let join = |batch: &str| {
             tokio::process::Command::new(&exe)
@@ -160,7 +189,7 @@ fn run() -> Result<(), String> {
         .await?;
         let mut figures = serde_json::to_value(&report).map_err(|e| e.to_string())?;
         if let (Some(proxy), Some(map)) = (&proxy, figures.as_object_mut()) {
-            let turns = proxy.turns();
+            let turns = proxy.turns() - turns_before;
             map.insert("wire_round_trips".into(), turns.into());
             map.insert(
                 "wire_round_trips_per_step".into(),

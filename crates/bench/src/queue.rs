@@ -278,3 +278,104 @@ pub async fn run_queue_bench(
         steps: steps_done,
     })
 }
+
+/// How soon queued work starts on idle workers (`bench queue --start-latency`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StartLatency {
+    /// Whether the workers waited on the store's work signal (LISTEN/NOTIFY) or polled.
+    pub signal: bool,
+    /// Single tasks queued one at a time onto idle workers: queued (the submit returned) →
+    /// its first step committed, in ms.
+    pub single_p50_ms: f64,
+    pub single_p99_ms: f64,
+    pub singles: usize,
+    /// A batch of `batch_tasks` queued at once onto idle workers: queued → the first step of
+    /// any of its tasks, in ms.
+    pub batch_first_step_ms: f64,
+    pub batch_tasks: usize,
+}
+
+/// Starts an idle worker on `worker_store` (no batch filter, `concurrency` slots), queues
+/// `singles` one-step tasks one at a time, each once the previous has started, then one batch
+/// of `batch_tasks`, and measures how long each waited to start (`StartLatency`). With
+/// `signal` false the worker polls every 500 ms (the default poll) instead of waiting on the
+/// store's signal.
+pub async fn start_latency(
+    store: Arc<dyn Store>,
+    worker_store: Arc<dyn Store>,
+    singles: usize,
+    batch_tasks: usize,
+    concurrency: usize,
+    signal: bool,
+) -> Result<StartLatency, String> {
+    const STEPS: u32 = 1;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(StopLevel::Run);
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let options = WorkerOptions {
+        concurrency,
+        wake_on_signal: signal,
+        ..WorkerOptions::default()
+    };
+    let worker = tokio::spawn(run_worker(
+        worker_store,
+        Arc::new(CounterHost { steps: STEPS }),
+        options,
+        stop_rx,
+        Some(events_tx),
+    ));
+    // The worker goes idle (its first look finds nothing).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut waits = Vec::with_capacity(singles);
+    for _ in 0..singles {
+        submit(store.as_ref(), 1, STEPS).await?;
+        let queued = Instant::now();
+        let started = first_step(&mut events).await?;
+        waits.push(started.saturating_duration_since(queued).as_secs_f64() * 1000.0);
+        // The task finishes and the worker is idle again before the next one.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while events.try_recv().is_ok() {}
+    }
+    submit(store.as_ref(), batch_tasks, STEPS).await?;
+    let queued = Instant::now();
+    let started = first_step(&mut events).await?;
+    let batch_first_step_ms = started.saturating_duration_since(queued).as_secs_f64() * 1000.0;
+    let _ = stop_tx.send(StopLevel::Now);
+    let _ = worker.await;
+    waits.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        waits
+            .get(((waits.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    Ok(StartLatency {
+        signal,
+        single_p50_ms: at(0.5),
+        single_p99_ms: at(0.99),
+        singles,
+        batch_first_step_ms,
+        batch_tasks,
+    })
+}
+
+/// When the next task's first step was committed (its event arrived).
+async fn first_step(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<skillstate_runtime::WorkerEvent>,
+) -> Result<Instant, String> {
+    const START_TIMEOUT: Duration = Duration::from_secs(30);
+    let started = tokio::time::timeout(START_TIMEOUT, async {
+        while let Some(event) = events.recv().await {
+            if let skillstate_runtime::WorkerEvent::Step { step: 1, .. } = event {
+                return Ok(Instant::now());
+            }
+        }
+        Err("the worker stopped".to_owned())
+    })
+    .await;
+    started.unwrap_or_else(|_| {
+        Err(format!(
+            "no task started within {} s",
+            START_TIMEOUT.as_secs()
+        ))
+    })
+}

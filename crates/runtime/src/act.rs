@@ -128,7 +128,8 @@ impl Runner<'_> {
                 }
             }
             _ => {
-                self.writer()
+                let written = self
+                    .writer()
                     .write(
                         task,
                         LeasedWrite::Step {
@@ -137,6 +138,8 @@ impl Runner<'_> {
                         },
                     )
                     .await?;
+                self.inbox_empty_at = (written.messages_waiting == Some(false))
+                    .then(|| (task.to_owned(), step));
             }
         }
         crate::metrics::step_committed();

@@ -48,6 +48,8 @@ impl Runner<'_> {
     ) -> Result<bool, RuntimeError> {
         let waiting = self.store.pending_messages(&task.id).await?;
         if waiting.is_empty() {
+            // Nothing to read again before the first step (`deliver_waiting`).
+            self.inbox_empty_at = Some((task.id.clone(), task.version));
             return Ok(false);
         }
         let step = task.version + 1;
@@ -136,6 +138,15 @@ impl Runner<'_> {
         step: u64,
         observation: Option<String>,
     ) -> Result<Option<String>, RuntimeError> {
+        // The previous step's commit in this run found the inbox empty: nothing to read (a
+        // message that arrived since is shown one step later, as one arriving during the model
+        // call would be).
+        if let Some((of, version)) = self.inbox_empty_at.take()
+            && of == task
+            && version + 1 == step
+        {
+            return Ok(None);
+        }
         let waiting = self.store.pending_messages(task).await?;
         if waiting.is_empty() {
             return Ok(None);

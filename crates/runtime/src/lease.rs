@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use skillstate_store::{DEFAULT_LEASE_SECS, LeaseClaim, LeasedWrite, Store, StoreError};
+use skillstate_store::{DEFAULT_LEASE_SECS, LeaseClaim, LeasedWrite, Store, StoreError, Written};
 use tokio::task::JoinHandle;
 
 use crate::RuntimeError;
@@ -159,14 +159,14 @@ impl HeldLease {
     }
 
     /// Makes `write` under this lease, checked by the store in the same transaction.
-    pub(crate) async fn write(&self, write: LeasedWrite<'_>) -> Result<Option<u64>, RuntimeError> {
+    pub(crate) async fn write(&self, write: LeasedWrite<'_>) -> Result<Written, RuntimeError> {
         self.check()?;
         match self
             .store
             .write_under_lease(&self.task, &self.token, write)
             .await
         {
-            Ok(version) => Ok(version),
+            Ok(written) => Ok(written),
             Err(error @ StoreError::LeaseLost { .. }) => {
                 mark_lost(&self.lost, &error);
                 Err(error.into())
@@ -240,12 +240,12 @@ pub(crate) struct TaskWriter<'a> {
 
 impl TaskWriter<'_> {
     /// Makes `write` on `task`; `LeaseLost` (naming the new holder) before anything else when
-    /// the lease was taken over. Returns the board's new version for a step with a board write.
+    /// the lease was taken over. Returns what the store reported back ([`Written`]).
     pub(crate) async fn write(
         &self,
         task: &str,
         write: LeasedWrite<'_>,
-    ) -> Result<Option<u64>, RuntimeError> {
+    ) -> Result<Written, RuntimeError> {
         if let Some(lease) = self.lease.filter(|lease| lease.task == task) {
             return lease.write(write).await;
         }
@@ -267,7 +267,7 @@ impl TaskWriter<'_> {
                 expected_board_version,
                 write,
             } => {
-                return Ok(Some(
+                return Ok(Written::board(Some(
                     store
                         .commit_step_with_board(
                             task,
@@ -278,10 +278,10 @@ impl TaskWriter<'_> {
                             write,
                         )
                         .await?,
-                ));
+                )));
             }
         }
-        Ok(None)
+        Ok(Written::default())
     }
 }
 

@@ -44,6 +44,10 @@ pub struct Runner<'a> {
     /// A read-only or idempotent tool's result not written yet: it goes into the next step's
     /// commit, or is written on its own when the run stops first.
     pub(crate) held_result: Option<(String, ActionResult)>,
+    /// `(task, version)` at which this run found no message waiting in the task's inbox (its
+    /// read when the run began, or the commit of that version: `Written::messages_waiting`), so
+    /// the inbox is not read again before the next step (`deliver_waiting`).
+    pub(crate) inbox_empty_at: Option<(String, u64)>,
     /// Where the stored checkpoint of the task's world stands (`world`).
     pub(crate) world: crate::world::WorldClock,
     /// The W3C `traceparent` the task's run span continues (the request that queued it).
@@ -85,6 +89,7 @@ impl<'a> Runner<'a> {
             stop: None,
             next_observation: None,
             held_result: None,
+            inbox_empty_at: None,
             world: Default::default(),
             trace_parent: None,
             run_span: tracing::Span::none(),
@@ -247,7 +252,9 @@ impl<'a> Runner<'a> {
             }
         }
         // Decisions and messages sent while the task was paused, finished or not running; a
-        // decision that settles the waiting action lets a scheduled upgrade in.
+        // decision that settles the waiting action lets a scheduled upgrade in. What an earlier
+        // run's commit found in the inbox says nothing about it now.
+        self.inbox_empty_at = None;
         let task = if self.open_inbox(&task, &env_tools).await? {
             let task = self.store.task(&task.id).await?;
             match self.upgrade_scheduled(&task).await? {

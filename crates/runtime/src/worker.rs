@@ -81,8 +81,15 @@ pub struct WorkerOptions {
     /// Claim only tasks of this batch.
     pub batch: Option<String>,
     pub lease: LeasePolicy,
-    /// How often an idle worker looks for work (it also wakes at the next backoff's end).
+    /// How often an idle worker looks for work when the store cannot signal it (SQLite, a
+    /// transaction pooler; it also wakes at the next backoff's end).
     pub poll: Duration,
+    /// Where the store signals new work (`Queue::work_signal`: PostgreSQL's LISTEN/NOTIFY),
+    /// the longest an idle worker waits for a signal before it looks anyway.
+    pub idle_poll: Duration,
+    /// Wait on the store's work signal where it has one (the default); `false` polls every
+    /// `poll` whatever the store (the queue bench's comparison).
+    pub wake_on_signal: bool,
     /// Return once nothing is left to claim or running in this worker (`batch run`), instead
     /// of waiting for more work (`worker`).
     pub until_idle: bool,
@@ -101,6 +108,8 @@ impl Default for WorkerOptions {
                 ..LeasePolicy::default()
             },
             poll: Duration::from_millis(500),
+            idle_poll: Duration::from_secs(5),
+            wake_on_signal: true,
             until_idle: false,
             backoff: Backoff::default(),
             tool_limit: DEFAULT_CALL_LIMIT,
@@ -203,7 +212,17 @@ pub async fn run_worker(
     let mut stats = WorkerStats::default();
     let ttl_ms = u64::try_from(options.lease.ttl.as_millis()).unwrap_or(u64::MAX);
     let mut serial = 0u64;
+    // Where the store can signal new work (PostgreSQL's LISTEN/NOTIFY), an idle worker waits on
+    // it and polls only as a fallback; elsewhere it polls every `poll`.
+    let mut wake = match options.wake_on_signal {
+        true => store.work_signal().await?,
+        false => None,
+    };
     loop {
+        // Seen before claiming: a signal that arrives while claiming ends the wait below.
+        if let Some(wake) = wake.as_mut() {
+            wake.borrow_and_update();
+        }
         let level = *stop.borrow();
         if level >= StopLevel::Drain {
             drain.start();
@@ -280,7 +299,32 @@ pub async fn run_worker(
             }
         }
         let room = running.len() < options.concurrency.max(1);
+        let idle = match &wake {
+            // Signalled: wait for the signal, or until the next backoff or lease ends, or the
+            // fallback poll.
+            Some(_) if room && !claimed_any => {
+                let until = store.next_wakeup(options.batch.as_deref()).await?;
+                until.map_or(options.idle_poll, |at| {
+                    let wait = u64::try_from(at - now_millis()).unwrap_or(0);
+                    Duration::from_millis(wait.max(10)).min(options.idle_poll)
+                })
+            }
+            Some(_) => options.idle_poll,
+            None => options.poll,
+        };
+        let signalled = async {
+            match wake.as_mut() {
+                Some(wake) => {
+                    if wake.changed().await.is_err() {
+                        // The store's signal is gone: poll from now on.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            _ = signalled, if room => {}
             joined = running.join_next(), if !running.is_empty() => {
                 if let Some(joined) = joined {
                     match joined {
@@ -294,7 +338,7 @@ pub async fn run_worker(
                 }
             }
             _ = stop.changed() => {}
-            _ = tokio::time::sleep(options.poll), if room => {}
+            _ = tokio::time::sleep(idle), if room => {}
         }
     }
 }
@@ -385,8 +429,10 @@ async fn run_one(
         None => None,
     };
     let task = store.task(&id).await?;
-    // Messages reopen any failed task; without them only a retry can continue it.
-    let messaged = !store.pending_messages(&id).await?.is_empty();
+    // Messages reopen any failed task; without them only a retry can continue it (read only
+    // for a failed task: nothing else depends on it).
+    let messaged =
+        task.status == TaskStatus::Failed && !store.pending_messages(&id).await?.is_empty();
     if task.status == TaskStatus::Failed && !is_retryable(task.outcome.as_ref()) && !messaged {
         // Requeued, but a retry cannot change this failure (`max_steps`, a broken world): the
         // queue is done with it and its recorded failure stays as it was.

@@ -171,6 +171,16 @@ pub const POSTGRES: &[Migration] = &[
         name: "trace_context",
         sql: include_str!("../migrations/postgres/0015_trace_context.sql"),
     },
+    Migration {
+        version: 16,
+        name: "step_function",
+        sql: include_str!("../migrations/postgres/0016_step_function.sql"),
+    },
+    Migration {
+        version: 17,
+        name: "work_notify",
+        sql: include_str!("../migrations/postgres/0017_work_notify.sql"),
+    },
 ];
 
 /// Key of the transaction-scoped advisory lock that serialises migrations across processes.

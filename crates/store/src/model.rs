@@ -249,6 +249,29 @@ pub struct StepCommit {
     pub upgrade: Option<SkillChange>,
 }
 
+/// What a write under a lease (`Leases::write_under_lease`) reports back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The board's new version, for a step with a board write.
+    pub board_version: Option<u64>,
+    /// For a step: whether messages waited in the task's inbox when it was committed, where
+    /// the store learned it in the commit itself (PostgreSQL's one-statement step); `None`:
+    /// not known, read the inbox. A runner that was told `Some(false)` need not read the inbox
+    /// before its next step: a message that arrives after the commit is shown one step later,
+    /// exactly as one arriving during the next model call would be.
+    pub messages_waiting: Option<bool>,
+}
+
+impl Written {
+    /// A write that reports only a board's version (`None` for a write without a board).
+    pub fn board(board_version: Option<u64>) -> Self {
+        Self {
+            board_version,
+            messages_waiting: None,
+        }
+    }
+}
+
 /// A skill version a task ran (`Tasks::task_versions`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TaskVersion {

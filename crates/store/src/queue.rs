@@ -285,6 +285,14 @@ pub trait Queue: Send + Sync {
     /// A time already past when one became claimable since the caller's claim; `None` when
     /// no queued task is left.
     async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>>;
+    /// A signal for idle workers to wait on instead of polling: its value changes whenever
+    /// work may have become claimable (tasks queued, a message or an approval posted, a lease
+    /// given back, a batch reopened), in any process. A change carries nothing to trust — the
+    /// waiter claims, which reads the rows — and a missed one only delays work until the
+    /// waiter's fallback poll. `None` (the default) when this store cannot tell: workers poll.
+    async fn work_signal(&self) -> Result<Option<tokio::sync::watch::Receiver<u64>>> {
+        Ok(None)
+    }
     /// How many queued tasks are running, stopped, waiting on a backoff and ready, now: one
     /// counting query over the queued tasks (the service's `/metrics` asks at each scrape).
     async fn queue_depth(&self) -> Result<QueueDepth>;

@@ -179,14 +179,15 @@ pub trait Leases: Send + Sync {
     /// holder and since when, before any other check of the write (the task's version, a
     /// pending intent) can speak, and nothing of the write is kept. Otherwise exactly the
     /// write's own method (`commit_step`, `record_rejection`, `record_action_result`,
-    /// `set_status`, `commit_step_with_board`). Returns the board's new version for a step
-    /// with a board write.
+    /// `set_status`, `commit_step_with_board`). Returns what the write reports back: the
+    /// board's new version for a step with a board write, and, where the store learned it with
+    /// a step's commit, whether messages wait in the task's inbox ([`Written`]).
     async fn write_under_lease(
         &self,
         task: &str,
         token: &str,
         write: LeasedWrite<'_>,
-    ) -> Result<Option<u64>>;
+    ) -> Result<Written>;
     /// The current lease of `task`, expired or not.
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>>;
     /// Commits an accepted step written from outside any runner (state written through the

@@ -1387,11 +1387,13 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// The newest schema version of `backend`. Their seventh migrations differ: SQLite moved skill
 /// and tools out of `tasks` (PostgreSQL's TOAST did not need it then), PostgreSQL added the
 /// batch claim's index; SQLite's sixteenth indexes a group commit's recall entries once per
-/// group (FTS5 writes a segment at every savepoint; PostgreSQL's GIN index has no such cost).
+/// group (FTS5 writes a segment at every savepoint; PostgreSQL's GIN index has no such cost);
+/// PostgreSQL's sixteenth is the one-statement step commit (`skillstate_commit_step`), its
+/// seventeenth the triggers that wake idle workers (LISTEN/NOTIFY).
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
         Backend::Sqlite => 16,
-        Backend::Postgres => 15,
+        Backend::Postgres => 17,
     }
 }
 

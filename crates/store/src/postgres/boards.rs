@@ -165,8 +165,14 @@ impl PostgresStore {
             &skillstate_core::recall::board_entries(&write.patch),
         )
         .await?;
-        self.commit_step_in(tx, task, expected_task_version, commit)
-            .await?;
+        self.commit_step_in(
+            tx,
+            task,
+            super::step_fn::LeaseCheck::Skip,
+            expected_task_version,
+            commit,
+        )
+        .await?;
         Ok(version)
     }
 }

@@ -7,7 +7,10 @@
 //! `57P01 admin_shutdown` / `57P02` / `57P03` / class `08` answer ([`is_connection_lost`]).
 //! Such a failure marks the time; every pooled connection opened before it is then discarded
 //! at its next checkout (`before_acquire` compares the connection's age, no round trip), so a
-//! restarted server costs one failed statement, not one per pooled connection. What is retried
+//! restarted server costs one failed statement, not one per pooled connection. Statements
+//! outside a transaction (a step's commit, claims, reads) run on connections the store keeps
+//! itself ([`Db::lend`], `lent.rs`), because sqlx pings every connection given back to its pool;
+//! the same rule retires those. What is retried
 //! on a fresh connection, pausing 20 ms and doubling up to 0.5 s between attempts, for up to
 //! the pool's acquire timeout (a server that restarts within it is ridden out):
 //! - `BEGIN` ([`Db::begin`]): nothing of the transaction was sent yet;
@@ -44,18 +47,25 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Either, Execute, Executor, PgPool, Postgres, SqlStr, Transaction};
 
+use super::lent::{Lent, LentConnection};
 use crate::{Result, StoreError};
 
 /// The store's pool and how it reaches the server.
 #[derive(Clone, Debug)]
 pub(super) struct Db {
     pool: PgPool,
+    /// Connections for statements outside a transaction, given back without sqlx's ping
+    /// (`lent.rs`).
+    lent: Arc<Lent>,
     transaction_pooler: bool,
     health: Arc<Health>,
     /// How long lost connections are retried for: a server restarting within it is ridden
     /// out (the pool's acquire timeout).
     window: Duration,
 }
+
+/// How long the server lets one of the store's sessions sit idle inside a transaction.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "SET idle_in_transaction_session_timeout = '15s'";
 
 /// The pause between attempts after a lost connection, doubling up to `MAX_PAUSE`.
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
@@ -127,9 +137,12 @@ pub(super) fn is_connection_lost(error: &sqlx::Error) -> bool {
 }
 
 impl Db {
+    /// `max_connections` in all: the pool's for transactions, and as many again lent to lone
+    /// statements (`lent.rs`).
     pub(super) async fn connect(
         options: PgConnectOptions,
         max_connections: u32,
+        lent_connections: u32,
         acquire_timeout: Duration,
         transaction_pooler: bool,
     ) -> std::result::Result<Self, sqlx::Error> {
@@ -138,7 +151,26 @@ impl Db {
             lost_at: AtomicU64::new(0),
         });
         let checked = health.clone();
+        // A client frozen inside a transaction (stopped, swapped out, cut off) would hold its
+        // row locks for as long as it stays frozen, and a task's lease could not be taken over
+        // meanwhile: the server ends such a session instead. Store transactions send their
+        // statements back to back, so none sits idle this long. Set on each new connection, not
+        // as a startup `options` parameter, which PgBouncer refuses; a URL that sets it keeps
+        // its own; through a transaction pooler a session setting would outlive the
+        // transaction, so the pooler's own applies (PgBouncer's `idle_transaction_timeout`).
+        let bound_idle = !transaction_pooler
+            && !options
+                .get_options()
+                .is_some_and(|o| o.contains("idle_in_transaction_session_timeout"));
         let pool = PgPoolOptions::new()
+            .after_connect(move |connection, _meta| {
+                Box::pin(async move {
+                    if bound_idle {
+                        connection.execute(IDLE_IN_TRANSACTION_TIMEOUT).await?;
+                    }
+                    Ok(())
+                })
+            })
             .max_connections(max_connections)
             .acquire_timeout(acquire_timeout)
             // No ping per checkout: a dead connection is found by the statement that uses it
@@ -152,6 +184,7 @@ impl Db {
             .await?;
         Ok(Self {
             pool,
+            lent: Arc::new(Lent::new(lent_connections)),
             transaction_pooler,
             health,
             window: acquire_timeout,
@@ -160,6 +193,65 @@ impl Db {
 
     pub(super) fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A connection for one statement outside a transaction (`lent.rs`): give it back after a
+    /// statement that succeeded.
+    pub(super) async fn lend(&self) -> std::result::Result<LentConnection<'_>, sqlx::Error> {
+        let health = &self.health;
+        self.lent
+            .lend(&self.pool, self.window, |age| health.usable(age))
+            .await
+    }
+
+    /// One write sent alone, as its own transaction on the server (a function such as
+    /// `skillstate_commit_step`): one round trip on a lent connection. A lost connection leaves
+    /// its outcome unknown ([`Db::after_lone_write`]). Through a transaction pooler it runs
+    /// inside a transaction of its own (Parse and Bind must reach the same server connection).
+    pub(super) async fn write_alone(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, PgArguments>,
+    ) -> Result<PgRow> {
+        if self.transaction_pooler {
+            let mut tx = self.begin().await?;
+            let row = query.fetch_one(&mut *tx).await?;
+            commit(tx).await?;
+            return Ok(row);
+        }
+        let mut lent = self.lend().await?;
+        match query.fetch_one(lent.connection()).await {
+            Ok(row) => {
+                lent.give_back();
+                Ok(row)
+            }
+            Err(error) => {
+                if reusable_after(&error) {
+                    lent.give_back();
+                }
+                Err(self.after_lone_write(error.into()))
+            }
+        }
+    }
+
+    /// Whether the store runs behind a transaction pooler (`[store] transaction_pooler`).
+    pub(super) fn transaction_pooler(&self) -> bool {
+        self.transaction_pooler
+    }
+
+    /// The error of a write sent as a single statement outside a transaction (its own
+    /// transaction on the server): a lost connection leaves its outcome unknown, as a lost
+    /// `COMMIT` answer does ([`StoreError::CommitUnknown`], which [`Db::checked_unit`] settles
+    /// by reading), never a plain error that would run it again blindly.
+    pub(super) fn after_lone_write(&self, error: StoreError) -> StoreError {
+        match error {
+            StoreError::Database(error) if is_connection_lost(&error) => {
+                self.health.mark_lost();
+                StoreError::CommitUnknown {
+                    message: error.to_string(),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Starts a transaction. A `BEGIN` that finds its connection dead is sent again on a fresh
@@ -264,10 +356,21 @@ impl Db {
             tx.commit().await?;
             Ok(fetched)
         } else {
-            let mut connection = self.pool.acquire().await?;
-            statement.run(&mut connection).await
+            let mut lent = self.lend().await?;
+            let fetched = statement.run(lent.connection()).await;
+            if fetched.as_ref().err().is_none_or(reusable_after) {
+                lent.give_back();
+            }
+            fetched
         }
     }
+}
+
+/// Whether a connection whose statement failed with `error` can serve the next one: the
+/// server answered with an error of the statement's own (the connection is in a known state).
+/// After anything else — a lost connection, a protocol or decoding error — it is dropped.
+pub(super) fn reusable_after(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(_)) && !is_connection_lost(error)
 }
 
 /// Commits `tx`. A lost connection here leaves the outcome unknown, which is reported as such

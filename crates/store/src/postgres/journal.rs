@@ -5,14 +5,14 @@
 
 use async_trait::async_trait;
 use serde_json::Value;
-use skillstate_core::json::state_hash;
 use sqlx::Row;
 
 use super::PostgresStore;
-use super::events::{NewEvent, insert_events};
+use super::events::insert_events;
+use super::step_fn::{self, LeaseCheck};
 use crate::model::*;
 use crate::rows::{decode, entry_from_row, extent_from_row, to_json, verdict_str};
-use crate::service_rows::{OldStatus, action_data, rejected_data, status_data, step_data_of};
+use crate::service_rows::{OldStatus, action_data, rejected_data, status_data};
 use crate::spec_texts::SpecTexts;
 use crate::{Journal, Result, StoreError, now_millis};
 
@@ -154,19 +154,20 @@ async fn complete_intent(
 }
 
 impl PostgresStore {
-    /// Runs a step's commit (`attempt` begins the transaction and commits it) as one unit
-    /// (`Db::checked_unit`): when the answer to its `COMMIT` was lost, the journal says whether
-    /// it was recorded, and only a step that was not runs again (its version check would refuse
-    /// a second one anyway).
-    pub(super) async fn step_unit<F, Fut>(
+    /// Runs a step's commit (`attempt`: its one statement, or a transaction it begins and
+    /// commits) as one unit (`Db::checked_unit`): when the answer was lost, the journal says
+    /// whether it was recorded (then `T::default()`), and only a step that was not runs again
+    /// (its version check would refuse a second one anyway).
+    pub(super) async fn step_unit<T, F, Fut>(
         &self,
         task: &str,
         commit: &StepCommit,
         attempt: F,
-    ) -> Result<()>
+    ) -> Result<T>
     where
+        T: Default,
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<()>>,
+        Fut: Future<Output = Result<T>>,
     {
         self.pool
             .checked_unit(attempt, || self.holds_entry(task, &commit.entry))
@@ -211,62 +212,62 @@ impl PostgresStore {
         Ok(found.is_some())
     }
 
-    /// `Journal::commit_step` in `tx`, which may have checked something first (a lease).
+    /// A step's commit, making `check` first with the task's row locked: one statement
+    /// (`step_fn.rs`) in a transaction of its own, so one round trip; a step that upgrades the
+    /// task's skill, or any step through a transaction pooler, runs it inside a transaction
+    /// (`commit_step_in`). Returns whether messages wait in the task's inbox afterwards.
+    pub(super) async fn commit_step_once(
+        &self,
+        task: &str,
+        check: LeaseCheck<'_>,
+        expected_version: u64,
+        commit: &StepCommit,
+    ) -> Result<bool> {
+        if commit.upgrade.is_some() {
+            let tx = self.pool.begin().await?;
+            return self
+                .commit_step_in(tx, task, check, expected_version, commit)
+                .await;
+        }
+        let call = step_fn::call(
+            task,
+            check,
+            expected_version,
+            commit,
+            self.snapshot_every,
+            now_millis(),
+        );
+        let row = self
+            .pool
+            .write_alone(call)
+            .await
+            .map_err(|e| step_fn::raised(e, task, commit.previous_result.as_ref()))?;
+        step_fn::answer(&row, task, expected_version)
+    }
+
+    /// A step's commit in `tx`, which may have checked something first (a board's version),
+    /// and the skill change it makes, if any; commits `tx`.
     pub(super) async fn commit_step_in(
         &self,
         mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
         task: &str,
+        check: LeaseCheck<'_>,
         expected_version: u64,
         commit: &StepCommit,
-    ) -> Result<()> {
-        let next_version = expected_version + 1;
+    ) -> Result<bool> {
         let now = now_millis();
-        let (status, outcome) = match &commit.status {
-            Some((status, outcome)) => (Some(status.as_str()), outcome.as_ref().map(to_json)),
-            None => (None, None),
-        };
-        // The events go in last, in one statement: the held-back result's, the step's, and
-        // the status change's.
-        let mut events: Vec<NewEvent> = Vec::with_capacity(3);
-        if let Some(previous) = &commit.previous_result {
-            complete_intent(&mut tx, task, previous, now).await?;
-            events.push((
-                "action",
-                Some(expected_version as i64),
-                action_data(previous),
-            ));
-        }
-        // Only steps that finish or pause the task read (and lock) the status they change;
-        // the UPDATE below takes the same lock anyway.
-        let before = match commit.status {
-            Some(_) => lock_status(&mut tx, task).await?,
-            None => None,
-        };
-        // The version check and the write are one statement: a concurrent writer of the same
-        // task holds the row lock until it commits, and this UPDATE then sees its version.
-        let updated = sqlx::query(
-            "UPDATE tasks SET state = $1, version = $2, updated_at = $3, status = COALESCE($4, status), outcome = COALESCE($5, outcome), env_checkpoint = COALESCE($8, env_checkpoint), env_checkpoint_step = CASE WHEN $8 IS NULL THEN env_checkpoint_step ELSE $7 END WHERE id = $6 AND version = $7",
+        let row = step_fn::call(
+            task,
+            check,
+            expected_version,
+            commit,
+            self.snapshot_every,
+            now,
         )
-        .bind(to_json(&commit.new_state))
-        .bind(next_version as i64)
-        .bind(now)
-        .bind(status)
-        .bind(&outcome)
-        .bind(task)
-        .bind(expected_version as i64)
-        .bind(commit.world.as_ref().map(to_json))
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            tx.rollback().await?;
-            let actual = self.current_version(task).await?;
-            return Err(StoreError::Conflict {
-                task: task.to_owned(),
-                expected: expected_version,
-                actual,
-            });
-        }
-        insert_entry(&mut tx, task, &commit.entry).await?;
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| step_fn::raised(e.into(), task, commit.previous_result.as_ref()))?;
+        let waiting = step_fn::answer(&row, task, expected_version)?;
         if let Some(change) = &commit.upgrade {
             let spec = SpecTexts::new(&change.skill, &change.tools);
             super::tasks::store_versions(&mut tx, std::slice::from_ref(&spec), now).await?;
@@ -274,61 +275,20 @@ impl PostgresStore {
                 "INSERT INTO task_versions (task_id, from_step, spec_hash) VALUES ($1, $2, $3)",
             )
             .bind(task)
-            .bind(next_version as i64)
+            .bind((expected_version + 1) as i64)
             .bind(&spec.hash)
             .execute(&mut *tx)
             .await?;
             sqlx::query(
                 "UPDATE tasks SET spec_hash = $1, upgrade_to = NULL, upgrade_author = NULL WHERE id = $2",
             )
-                .bind(&spec.hash)
-                .bind(task)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some(intent) = &commit.intent {
-            sqlx::query(
-                "INSERT INTO intents (task_id, step, tool, args, idempotency_key, side_effect, status, created_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7)",
-            )
+            .bind(&spec.hash)
             .bind(task)
-            .bind(next_version as i64)
-            .bind(&intent.tool)
-            .bind(to_json(&intent.args))
-            .bind(&intent.idempotency_key)
-            .bind(&intent.side_effect)
-            .bind(now)
             .execute(&mut *tx)
             .await?;
         }
-        if next_version.is_multiple_of(self.snapshot_every) {
-            sqlx::query(
-                "INSERT INTO snapshots (task_id, step, state, state_hash) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(task)
-            .bind(next_version as i64)
-            .bind(to_json(&commit.new_state))
-            .bind(state_hash(&commit.new_state))
-            .execute(&mut *tx)
-            .await?;
-        }
-        if let Some(text) = &commit.next_observation {
-            sqlx::query("INSERT INTO observations (task_id, step, text) VALUES ($1, $2, $3)")
-                .bind(task)
-                .bind((next_version + 1) as i64)
-                .bind(text)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let next = Some(next_version as i64);
-        events.push(("step", next, step_data_of(&commit.entry)));
-        if let (Some((new_status, _)), Some(before)) = (&commit.status, &before)
-            && let Some(data) = status_data(before, *new_status, outcome.as_deref())
-        {
-            events.push(("status", next, data));
-        }
-        insert_events(&mut tx, task, events, now).await?;
         super::db::commit(tx).await?;
-        Ok(())
+        Ok(waiting)
     }
 }
 
@@ -421,9 +381,9 @@ impl Journal for PostgresStore {
         commit: &StepCommit,
     ) -> Result<()> {
         self.step_unit(task, commit, || async move {
-            let tx = self.pool.begin().await?;
-            self.commit_step_in(tx, task, expected_version, commit)
+            self.commit_step_once(task, LeaseCheck::Skip, expected_version, commit)
                 .await
+                .map(|_| ())
         })
         .await
     }

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use super::PostgresStore;
+use super::step_fn::LeaseCheck;
 use super::journal::{record_action_result_in, record_rejection_in, set_status_in};
 use crate::model::*;
 use crate::rows::lease_from_row;
@@ -127,30 +128,13 @@ impl Leases for PostgresStore {
         expected_version: u64,
         commit: &StepCommit,
     ) -> Result<()> {
+        // The lease check and the step are one statement with the task's row locked: no runner
+        // takes the lease between the check and the step. The server's clock decides expiry,
+        // as when leases are taken.
         self.step_unit(task, commit, || async move {
-            // The row stays locked until the step is committed: no runner takes the lease between
-            // the check and the step. The server's clock decides expiry, as when leases are taken.
-            let mut tx = self.pool.begin().await?;
-            let row = sqlx::query(
-                "SELECT lease_token, lease_holder, lease_process, lease_acquired_at, lease_expires_at, \
-                 lease_expires_at > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS live \
-                 FROM tasks WHERE id = $1 FOR NO KEY UPDATE",
-            )
-            .bind(task)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(task.to_owned()))?;
-            if let Some(lease) = lease_from_row(&row)?
-                && row.try_get::<Option<bool>, _>("live")?.unwrap_or(false)
-            {
-                tx.rollback().await?;
-                return Err(StoreError::Leased {
-                    task: task.to_owned(),
-                    lease: Box::new(lease),
-                });
-            }
-            self.commit_step_in(tx, task, expected_version, commit)
+            self.commit_step_once(task, LeaseCheck::Unleased, expected_version, commit)
                 .await
+                .map(|_| ())
         })
         .await
     }
@@ -160,46 +144,61 @@ impl Leases for PostgresStore {
         task: &str,
         token: &str,
         write: LeasedWrite<'_>,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Written> {
         match write {
             // Each unit reads whether it was recorded when its COMMIT's answer was lost
-            // (`Db::checked_unit`); the lease check comes first each time it runs.
-            LeasedWrite::Step { commit, .. } => self
-                .step_unit(task, commit, || async move {
-                    self.write_under_lease_once(task, token, write)
+            // (`Db::checked_unit`); the lease check comes first each time it runs, in the
+            // step's one statement (`step_fn.rs`).
+            LeasedWrite::Step {
+                expected_version,
+                commit,
+            } => {
+                let waiting = self
+                    .step_unit(task, commit, || async move {
+                        self.commit_step_once(
+                            task,
+                            LeaseCheck::Token(token),
+                            expected_version,
+                            commit,
+                        )
                         .await
-                        .map(|_| ())
+                        .map(Some)
+                    })
+                    .await?;
+                Ok(Written {
+                    board_version: None,
+                    messages_waiting: waiting,
                 })
-                .await
-                .map(|()| None),
+            }
             // A step with a board write commits in boards.rs, outside `Db::unit`.
-            LeasedWrite::StepWithBoard { .. } => {
-                self.write_under_lease_once(task, token, write).await
-            }
-            LeasedWrite::Rejection(entry) => {
-                self.pool
-                    .checked_unit(
-                        || self.write_under_lease_once(task, token, write),
-                        || self.holds_entry(task, entry),
-                    )
-                    .await
-            }
-            LeasedWrite::ActionResult(result) => {
-                self.pool
-                    .checked_unit(
-                        || self.write_under_lease_once(task, token, write),
-                        || self.holds_result(task, result),
-                    )
-                    .await
-            }
-            LeasedWrite::Status { status, .. } => {
-                self.pool
-                    .checked_unit(
-                        || self.write_under_lease_once(task, token, write),
-                        || self.has_status(task, status),
-                    )
-                    .await
-            }
+            LeasedWrite::StepWithBoard { .. } => Ok(Written {
+                board_version: self.write_under_lease_once(task, token, write).await?,
+                messages_waiting: None,
+            }),
+            LeasedWrite::Rejection(entry) => self
+                .pool
+                .checked_unit(
+                    || self.write_under_lease_once(task, token, write),
+                    || self.holds_entry(task, entry),
+                )
+                .await
+                .map(Written::board),
+            LeasedWrite::ActionResult(result) => self
+                .pool
+                .checked_unit(
+                    || self.write_under_lease_once(task, token, write),
+                    || self.holds_result(task, result),
+                )
+                .await
+                .map(Written::board),
+            LeasedWrite::Status { status, .. } => self
+                .pool
+                .checked_unit(
+                    || self.write_under_lease_once(task, token, write),
+                    || self.has_status(task, status),
+                )
+                .await
+                .map(Written::board),
         }
     }
 
@@ -256,9 +255,9 @@ impl PostgresStore {
                 expected_version,
                 commit,
             } => self
-                .commit_step_in(tx, task, expected_version, commit)
+                .commit_step_in(tx, task, LeaseCheck::Skip, expected_version, commit)
                 .await
-                .map(|()| None),
+                .map(|_| None),
             LeasedWrite::Rejection(entry) => {
                 record_rejection_in(tx, task, entry).await.map(|()| None)
             }

@@ -25,19 +25,25 @@ mod events;
 mod inbox;
 mod journal;
 mod leases;
+mod lent;
 mod queue;
 mod rate;
 mod recall;
 mod report;
 mod service;
+mod step_fn;
 mod tasks;
+mod wake;
 
 /// The server's clock in unix milliseconds, as SQL: leases, claims, backoffs and rate windows
 /// are timed by it, so workers on machines with skewed clocks agree.
 pub(super) const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
 
-/// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server.
-const MAX_CONNECTIONS: u32 = 16;
+/// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server. The
+/// pool's, for transactions; lone statements (a step's commit, claims, reads) have as many
+/// again of their own (`lent.rs`), opened as they are needed.
+const MAX_CONNECTIONS: u32 = 8;
+const LENT_CONNECTIONS: u32 = 8;
 /// Long enough to ride out a burst of concurrent commits, short enough that a dead server
 /// surfaces as an error instead of a hang.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,6 +53,8 @@ pub struct PostgresStore {
     /// Every statement and transaction goes through it (`db.rs`).
     pool: Db,
     snapshot_every: u64,
+    /// Idle workers' wake-up signal, started by the first that asks (`wake.rs`).
+    wake: wake::Signal,
 }
 
 /// A task by its id (`$1`): every column (`tenant` came with schema 5, and read-only opens read
@@ -142,6 +150,7 @@ impl PostgresStore {
         let pool = Db::connect(
             options,
             MAX_CONNECTIONS,
+            LENT_CONNECTIONS,
             ACQUIRE_TIMEOUT,
             transaction_pooler,
         )
@@ -154,6 +163,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            wake: Default::default(),
         })
     }
 

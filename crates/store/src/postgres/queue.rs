@@ -317,42 +317,27 @@ impl Queue for PostgresStore {
                     Settle::Done => ("done", 0i64, None),
                     Settle::RetryAt { not_before } => ("queued", 1, Some(*not_before)),
                 };
-                // Inbox entries still waiting keep the task queued. A post updates the task's row
-                // before it commits: locking the row first waits for a post in progress, and the
-                // UPDATE's own snapshot, taken after the lock, then sees its entry.
-                let mut tx = self.pool.begin().await?;
-                sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
-                    .bind(task)
-                    .fetch_optional(&mut *tx)
+                // One statement (`skillstate_settle_claim`, schema 16): waiting inbox entries
+                // keep the task queued, a post in progress included.
+                let row = self
+                    .pool
+                    .write_alone(
+                        sqlx::query("SELECT skillstate_settle_claim($1, $2, $3, $4, $5, $6, $7) AS answer")
+                            .bind(task)
+                            .bind(token)
+                            .bind(queue)
+                            .bind(tries)
+                            .bind(not_before)
+                            .bind(failure)
+                            .bind(now_millis()),
+                    )
                     .await?;
-                let updated = sqlx::query(
-                    "UPDATE tasks SET queue = CASE WHEN waiting.any THEN 'queued' ELSE $1 END, tries = tries + $2, \
-                     not_before = CASE WHEN waiting.any THEN NULL ELSE $3 END, failure = COALESCE($4, failure), updated_at = $5, \
-                     lease_token = NULL, lease_holder = NULL, lease_process = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
-                     FROM (SELECT EXISTS (SELECT 1 FROM inbox WHERE task_id = $6 AND delivered_step IS NULL) AS any) AS waiting \
-                     WHERE id = $6 AND lease_token = $7",
-                )
-                .bind(queue)
-                .bind(tries)
-                .bind(not_before)
-                .bind(failure)
-                .bind(now_millis())
-                .bind(task)
-                .bind(token)
-                .execute(&mut *tx)
-                .await?;
-                super::db::commit(tx).await?;
-                if updated.rows_affected() == 1 {
-                    return Ok(());
+                let answer: String = row.try_get("answer")?;
+                match answer.as_str() {
+                    "ok" => Ok(()),
+                    "not_found" => Err(StoreError::NotFound(task.to_owned())),
+                    _ => Err(self.lost_lease(task).await?),
                 }
-                let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1")
-                    .bind(task)
-                    .fetch_optional(&self.pool)
-                    .await?;
-                if found.is_none() {
-                    return Err(StoreError::NotFound(task.to_owned()));
-                }
-                Err(self.lost_lease(task).await?)
             },
                 // Settled: the claim's lease is gone (a takeover would have left another).
                 || self.lease_cleared(task),
@@ -430,6 +415,10 @@ impl Queue for PostgresStore {
 
     async fn batch_tasks(&self, batch: &str) -> Result<Vec<BatchTask>> {
         super::report::batch_tasks(self, batch).await
+    }
+
+    async fn work_signal(&self) -> Result<Option<tokio::sync::watch::Receiver<u64>>> {
+        self.work_signal_rx().await
     }
 
     async fn next_wakeup(&self, batch: Option<&str>) -> Result<Option<i64>> {

@@ -156,6 +156,16 @@ impl Tasks for PostgresStore {
     }
 
     async fn task(&self, id_or_prefix: &str) -> Result<TaskRecord> {
+        // A whole id (what runners and the service pass) is read in one statement; only a
+        // prefix is resolved first.
+        let exact = id_or_prefix.trim().to_ascii_lowercase();
+        if let Some(row) = sqlx::query(TASK_BY_ID)
+            .bind(&exact)
+            .fetch_optional(&self.pool)
+            .await?
+        {
+            return task_from_row(&row);
+        }
         let id = self.resolve_id(id_or_prefix).await?;
         let row = sqlx::query(TASK_BY_ID)
             .bind(&id)

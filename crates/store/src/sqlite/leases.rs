@@ -105,7 +105,7 @@ impl Leases for SqliteStore {
         task: &str,
         token: &str,
         write: LeasedWrite<'_>,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Written> {
         let now = now_millis();
         let (inner, board_version) = match write {
             LeasedWrite::Step {
@@ -162,7 +162,10 @@ impl Leases for SqliteStore {
             write: Box::new(inner),
         }))
         .await?;
-        Ok(board_version)
+        Ok(Written {
+            board_version,
+            messages_waiting: None,
+        })
     }
 
     async fn lease(&self, task: &str) -> Result<Option<LeaseInfo>> {

@@ -827,6 +827,15 @@ async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Res
 
 /// Takes `db` back to schema 14, as a release before tasks kept a trace context.
 pub(super) async fn back_to_schema_14(db: &Db) -> anyhow::Result<()> {
+    if db.backend == Backend::Postgres {
+        // PostgreSQL's 16 and 17: the one-statement step and settle, the work triggers.
+        db.execute(
+            "DROP TRIGGER tasks_work_queued ON tasks; DROP TRIGGER tasks_work_requeued ON tasks; \
+             DROP TRIGGER batches_work_reopened ON batches; DROP FUNCTION skillstate_work_notify(); \
+             DROP FUNCTION skillstate_commit_step; DROP FUNCTION skillstate_settle_claim",
+        )
+        .await?;
+    }
     db.execute(
         "ALTER TABLE tasks DROP COLUMN trace_context; \
          DELETE FROM schema_migrations WHERE version >= 15",
