@@ -64,7 +64,9 @@ async fn a_queued_step_costs_at_most_two_round_trips_on_the_wire() {
     }
     let schema = format!("bench_wire_{}", std::process::id());
     let location = fresh_schema(&url, &schema).await;
-    let store = skillstate_store::open(&location).await.expect("store opens");
+    let store = skillstate_store::open(&location)
+        .await
+        .expect("store opens");
 
     let placeholder = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let (_, upstream) = through_proxy(&location, placeholder).expect("a postgres URL");
@@ -83,22 +85,20 @@ async fn a_queued_step_costs_at_most_two_round_trips_on_the_wire() {
     // Opening (the schema check) is not a step's cost.
     let before = proxy.turns();
 
-    let report = run_queue_bench(
-        Arc::clone(&store),
-        worker_store,
-        TASKS,
-        STEPS,
-        8,
-        1,
-        |_| Err(std::io::Error::other("one process only")),
-    )
+    let report = run_queue_bench(Arc::clone(&store), worker_store, TASKS, STEPS, 8, 1, |_| {
+        Err(std::io::Error::other("one process only"))
+    })
     .await
     .expect("the queue bench runs");
     let turns = proxy.turns() - before;
     drop_schema(&url, &schema).await;
 
     assert_eq!(report.completed, TASKS as u64, "{report:?}");
-    assert_eq!(report.steps, TASKS as u64 * (u64::from(STEPS) + 1), "{report:?}");
+    assert_eq!(
+        report.steps,
+        TASKS as u64 * (u64::from(STEPS) + 1),
+        "{report:?}"
+    );
     let per_step = turns as f64 / report.steps as f64;
     eprintln!(
         "{turns} round trips for {} accepted steps: {per_step:.2} per step",
@@ -130,7 +130,9 @@ async fn an_idle_worker_wakes_when_work_is_queued_not_at_its_next_poll() {
     }
     let schema = format!("bench_wake_{}", std::process::id());
     let location = fresh_schema(&url, &schema).await;
-    let store = skillstate_store::open(&location).await.expect("store opens");
+    let store = skillstate_store::open(&location)
+        .await
+        .expect("store opens");
     const NEVER: Duration = Duration::from_secs(120);
 
     for signal in [true, false] {
@@ -152,7 +154,9 @@ async fn an_idle_worker_wakes_when_work_is_queued_not_at_its_next_poll() {
         ));
         // Its first look finds nothing; it waits.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        submit(store.as_ref(), 1, 1).await.expect("a task is queued");
+        submit(store.as_ref(), 1, 1)
+            .await
+            .expect("a task is queued");
         let wait = if signal {
             Duration::from_secs(30)
         } else {
@@ -171,7 +175,10 @@ async fn an_idle_worker_wakes_when_work_is_queued_not_at_its_next_poll() {
         let _ = stop_tx.send(StopLevel::Now);
         let _ = worker.await;
         if signal {
-            assert!(settled, "the queued task did not run within 30 s of being queued");
+            assert!(
+                settled,
+                "the queued task did not run within 30 s of being queued"
+            );
         } else {
             assert!(
                 !settled,

@@ -138,8 +138,8 @@ impl Runner<'_> {
                         },
                     )
                     .await?;
-                self.inbox_empty_at = (written.messages_waiting == Some(false))
-                    .then(|| (task.to_owned(), step));
+                self.inbox_empty_at =
+                    (written.messages_waiting == Some(false)).then(|| (task.to_owned(), step));
             }
         }
         crate::metrics::step_committed();

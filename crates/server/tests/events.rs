@@ -617,8 +617,6 @@ async fn after_latest(db: Db) {
     // The past: a whole run, readable before the streams open.
     let old = create(&socket, &acme, &warehouse(41)).await;
     run_to_end(store.clone(), &old).await;
-    let past = stored(store.as_ref(), "acme", None, None).await;
-    assert!(past.len() >= 6, "{}", past.len());
     let deadline = Instant::now() + EXPECT;
     loop {
         // On PostgreSQL an event is readable once older transactions ended: wait for the
@@ -633,12 +631,9 @@ async fn after_latest(db: Db) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let last_past = stored(store.as_ref(), "acme", None, None)
-        .await
-        .last()
-        .unwrap()
-        .position
-        .clone();
+    let past = stored(store.as_ref(), "acme", None, None).await;
+    assert!(past.len() >= 6, "{}", past.len());
+    let last_past = past.last().unwrap().position.clone();
 
     let mut tenant = Stream::open(&client, &base, "/v1/events?after=latest", &acme).await;
     let mut task = Stream::open(

@@ -189,9 +189,15 @@ pub struct Browser {
     session: String,
 }
 
-/// An element of the page.
+/// An element of the page, with the selector it was found by (`find`, `wait`): the viewer
+/// re-renders its lists as they refresh, so an element can be replaced between being found and
+/// being used; a use that meets a stale element finds it again by its selector
+/// (`Browser::on_element`).
 #[derive(Debug, Clone)]
-pub struct Element(String);
+pub struct Element {
+    id: String,
+    css: Option<String>,
+}
 
 pub mod keys {
     pub const ENTER: &str = "\u{E007}";
@@ -236,7 +242,10 @@ impl Browser {
             .as_array()
             .and_then(|all| all.first())
             .and_then(|e| e[ELEMENT].as_str())
-            .map(|id| Element(id.to_owned())))
+            .map(|id| Element {
+                id: id.to_owned(),
+                css: Some(css.to_owned()),
+            }))
     }
 
     pub async fn find_all(&self, css: &str) -> Result<Vec<Element>> {
@@ -252,7 +261,10 @@ impl Browser {
             .map(|all| {
                 all.iter()
                     .filter_map(|e| e[ELEMENT].as_str())
-                    .map(|id| Element(id.to_owned()))
+                    .map(|id| Element {
+                        id: id.to_owned(),
+                        css: None,
+                    })
                     .collect()
             })
             .unwrap_or_default())
@@ -315,20 +327,17 @@ impl Browser {
 
     pub async fn text(&self, element: &Element) -> Result<String> {
         let value = self
-            .call(
-                reqwest::Method::GET,
-                &format!("/element/{}/text", element.0),
-                None,
-            )
+            .on_element(element, reqwest::Method::GET, "text", None)
             .await?;
         Ok(value.as_str().unwrap_or_default().to_owned())
     }
 
     pub async fn attribute(&self, element: &Element, name: &str) -> Result<Option<String>> {
         let value = self
-            .call(
+            .on_element(
+                element,
                 reqwest::Method::GET,
-                &format!("/element/{}/attribute/{name}", element.0),
+                &format!("attribute/{name}"),
                 None,
             )
             .await?;
@@ -336,24 +345,53 @@ impl Browser {
     }
 
     pub async fn click(&self, element: &Element) -> Result<()> {
-        self.call(
-            reqwest::Method::POST,
-            &format!("/element/{}/click", element.0),
-            None,
-        )
-        .await?;
+        self.on_element(element, reqwest::Method::POST, "click", None)
+            .await?;
         Ok(())
     }
 
     /// Types `text` into the element (keys as in [`keys`]).
     pub async fn type_into(&self, element: &Element, text: &str) -> Result<()> {
-        self.call(
+        self.on_element(
+            element,
             reqwest::Method::POST,
-            &format!("/element/{}/value", element.0),
+            "value",
             Some(json!({"text": text})),
         )
         .await?;
         Ok(())
+    }
+
+    /// `method` on `/element/{id}/{what}`. An element the page replaced since it was found
+    /// (WebDriver's "stale element reference") is found again by its selector, for up to
+    /// [`WAIT`]; one found among several (`find_all`) has no selector to find it by.
+    async fn on_element(
+        &self,
+        element: &Element,
+        method: reqwest::Method,
+        what: &str,
+        body: Option<Value>,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + WAIT;
+        let mut id = element.id.clone();
+        loop {
+            let answer = self
+                .call(
+                    method.clone(),
+                    &format!("/element/{id}/{what}"),
+                    body.clone(),
+                )
+                .await;
+            match (&answer, &element.css) {
+                (Err(error), Some(css))
+                    if error.to_string().contains("stale element reference")
+                        && Instant::now() < deadline =>
+                {
+                    id = self.wait(css, WAIT).await?.id;
+                }
+                _ => return answer,
+            }
+        }
     }
 
     /// Saves a PNG of the window to `path`.

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use super::PostgresStore;
-use super::step_fn::LeaseCheck;
 use super::journal::{record_action_result_in, record_rejection_in, set_status_in};
+use super::step_fn::LeaseCheck;
 use crate::model::*;
 use crate::rows::lease_from_row;
 use crate::{LeasedWrite, Leases, Result, StoreError};

@@ -4,10 +4,10 @@
 //! This module binds a [`StepCommit`] to the function's parameters and reads its answer back
 //! into the store's errors.
 
+use skillstate_core::json::state_hash;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Postgres, Row};
-use skillstate_core::json::state_hash;
 
 use crate::model::*;
 use crate::rows::{lease_from_row, to_json, verdict_str};
@@ -143,7 +143,9 @@ pub(super) fn answer(row: &PgRow, task: &str, expected_version: u64) -> Result<b
         other => Err(StoreError::Corrupt {
             task: task.to_owned(),
             step: expected_version + 1,
-            message: format!("the database's skillstate_commit_step answered `{other}`, which this build does not know: the function was replaced by another version of skillstate; open the store with the version that migrated it"),
+            message: format!(
+                "the database's skillstate_commit_step answered `{other}`, which this build does not know: the function was replaced by another version of skillstate; open the store with the version that migrated it"
+            ),
         }),
     }
 }

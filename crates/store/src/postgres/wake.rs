@@ -36,7 +36,9 @@ impl PostgresStore {
                     .fetch_one(&pool)
                     .await?;
                 let mut listener = PgListener::connect_with(&pool).await?;
-                listener.listen(&format!("skillstate_work:{schema}")).await?;
+                listener
+                    .listen(&format!("skillstate_work:{schema}"))
+                    .await?;
                 let (sender, _) = watch::channel(0u64);
                 let sender = Arc::new(sender);
                 tokio::spawn(listen(listener, Arc::downgrade(&sender)));
