@@ -387,7 +387,12 @@ impl Browser {
                     if error.to_string().contains("stale element reference")
                         && Instant::now() < deadline =>
                 {
-                    id = self.wait(css, WAIT).await?.id;
+                    // Found again as `find` would (not `wait`, whose error report reads the page
+                    // through this function).
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if let Some(again) = self.find(css).await? {
+                        id = again.id;
+                    }
                 }
                 _ => return answer,
             }
