@@ -237,6 +237,43 @@ async fn stored(
     }
 }
 
+/// [`stored`] once at least `n` events are readable. On PostgreSQL an event becomes readable
+/// once every transaction older than it has ended, across the whole server (other tests'
+/// included), so a read right after a write may not see it yet.
+async fn stored_at_least(
+    store: &dyn Store,
+    tenant: &str,
+    after: Option<&str>,
+    n: usize,
+) -> Vec<EventRecord> {
+    let deadline = Instant::now() + EXPECT;
+    loop {
+        let events = stored(store, tenant, None, after).await;
+        if events.len() >= n || Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`stored`] for `task` once its whole run is readable (its last event is the status
+/// `completed`; see [`stored_at_least`]).
+async fn stored_run(store: &dyn Store, tenant: &str, task: &str) -> Vec<EventRecord> {
+    let deadline = Instant::now() + EXPECT;
+    loop {
+        let events = stored(store, tenant, Some(task), None).await;
+        let done = events.last().and_then(|e| e.data.get("status")) == Some(&json!("completed"));
+        assert!(
+            done || Instant::now() < deadline,
+            "the run's events never became readable: {events:?}"
+        );
+        if done {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The event as the API must deliver it.
 fn expected(record: &EventRecord) -> SseEvent {
     SseEvent {
@@ -339,7 +376,7 @@ async fn scenario(db: Db) {
     assert_eq!(first.json()["task"], id.as_str());
     run_to_end(store.clone(), &id).await;
     let version = store.task(&id).await.unwrap().version;
-    let records = stored(store.as_ref(), "acme", Some(&id), None).await;
+    let records = stored_run(store.as_ref(), "acme", &id).await;
     assert!(records.len() >= 6, "{}", records.len());
     let n = records.len();
     let mut events = vec![first];
@@ -463,8 +500,8 @@ async fn scenario(db: Db) {
     let base = socket.base.clone();
     let second = create(&socket, &acme, &warehouse(23)).await;
     run_to_end(reopened.clone(), &second).await;
+    let second_records = stored_run(reopened.as_ref(), "acme", &second).await;
     let later = stored(reopened.as_ref(), "acme", None, Some(&saved)).await;
-    let second_records = stored(reopened.as_ref(), "acme", Some(&second), None).await;
     assert_eq!(later.len(), n - 3 + second_records.len());
     assert_eq!(later[..n - 3], records[3..]);
     assert_eq!(later[n - 3..], second_records[..]);
@@ -617,20 +654,8 @@ async fn after_latest(db: Db) {
     // The past: a whole run, readable before the streams open.
     let old = create(&socket, &acme, &warehouse(41)).await;
     run_to_end(store.clone(), &old).await;
-    let deadline = Instant::now() + EXPECT;
-    loop {
-        // On PostgreSQL an event is readable once older transactions ended: wait for the
-        // whole run to be, so "latest" is after all of it.
-        let readable = stored(store.as_ref(), "acme", Some(&old), None).await;
-        if readable.last().and_then(|e| e.data.get("status")) == Some(&json!("completed")) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run's events never became readable"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Wait for the whole run to be readable, so "latest" is after all of it.
+    stored_run(store.as_ref(), "acme", &old).await;
     let past = stored(store.as_ref(), "acme", None, None).await;
     assert!(past.len() >= 6, "{}", past.len());
     let last_past = past.last().unwrap().position.clone();
@@ -658,7 +683,7 @@ async fn after_latest(db: Db) {
         )
         .await
         .expect(202);
-    let later = stored(store.as_ref(), "acme", None, Some(&last_past)).await;
+    let later = stored_at_least(store.as_ref(), "acme", Some(&last_past), 2).await;
     assert!(later.len() >= 2, "{later:?}");
     let got = tenant.take(later.len()).await;
     assert_delivered(&got, &later);
