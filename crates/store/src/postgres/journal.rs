@@ -5,7 +5,9 @@
 
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::Row;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{Postgres, Row};
 
 use super::PostgresStore;
 use super::events::insert_events;
@@ -59,33 +61,41 @@ pub(super) async fn insert_recall(
     Ok(())
 }
 
+/// Binds a journal row's columns after `query`'s, in the journal's column order from `step` to
+/// `board_version` (the INSERT below and `skillstate_commit_step`'s parameters).
+pub(super) fn bind_entry<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    entry: &'q JournalEntry,
+) -> Query<'q, Postgres, PgArguments> {
+    query
+        .bind(entry.step as i64)
+        .bind(i64::from(entry.attempt))
+        .bind(verdict_str(entry.verdict))
+        .bind(&entry.output)
+        .bind(entry.patch.as_ref().map(to_json))
+        .bind(entry.action.as_ref().map(to_json))
+        .bind(entry.errors.as_ref().map(to_json))
+        .bind(&entry.state_hash)
+        .bind(entry.prompt_tokens as i64)
+        .bind(entry.output_tokens.and_then(|n| i64::try_from(n).ok()))
+        .bind(&entry.prompt_hash)
+        .bind(entry.usage.as_ref().map(to_json))
+        .bind(entry.latency_ms as i64)
+        .bind(entry.created_at)
+        .bind(&entry.author)
+        .bind(entry.board_version.and_then(|v| i64::try_from(v).ok()))
+}
+
 async fn insert_entry(
     conn: &mut sqlx::PgConnection,
     task: &str,
     entry: &JournalEntry,
 ) -> Result<()> {
-    sqlx::query(
+    let query = sqlx::query(
         "INSERT INTO journal (task_id, step, attempt, verdict, output, patch, action, errors, state_hash, prompt_tokens, output_tokens, prompt_hash, usage, latency_ms, created_at, author, board_version) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
     )
-    .bind(task)
-    .bind(entry.step as i64)
-    .bind(i64::from(entry.attempt))
-    .bind(verdict_str(entry.verdict))
-    .bind(&entry.output)
-    .bind(entry.patch.as_ref().map(to_json))
-    .bind(entry.action.as_ref().map(to_json))
-    .bind(entry.errors.as_ref().map(to_json))
-    .bind(&entry.state_hash)
-    .bind(entry.prompt_tokens as i64)
-    .bind(entry.output_tokens.and_then(|n| i64::try_from(n).ok()))
-    .bind(&entry.prompt_hash)
-    .bind(entry.usage.as_ref().map(to_json))
-    .bind(entry.latency_ms as i64)
-    .bind(entry.created_at)
-    .bind(&entry.author)
-    .bind(entry.board_version.and_then(|v| i64::try_from(v).ok()))
-    .execute(&mut *conn)
-    .await?;
+    .bind(task);
+    bind_entry(query, entry).execute(&mut *conn).await?;
     insert_recall(
         conn,
         task,

@@ -10,7 +10,7 @@ use sqlx::query::Query;
 use sqlx::{Postgres, Row};
 
 use crate::model::*;
-use crate::rows::{lease_from_row, to_json, verdict_str};
+use crate::rows::{lease_from_row, to_json};
 use crate::service_rows::{action_data, step_data_of};
 use crate::{Result, StoreError};
 
@@ -70,7 +70,7 @@ pub(super) fn call<'q>(
         .then(|| state_hash(&commit.new_state));
     let previous = commit.previous_result.as_ref();
     let delivered: &[i64] = previous.map_or(&[], |p| p.delivered.as_slice());
-    sqlx::query(CALL)
+    let head = sqlx::query(CALL)
         .bind(task)
         .bind(mode)
         .bind(token)
@@ -79,23 +79,8 @@ pub(super) fn call<'q>(
         .bind(to_json(&commit.new_state))
         .bind(commit.world.as_ref().map(to_json))
         .bind(status)
-        .bind(outcome)
-        .bind(entry.step as i64)
-        .bind(i64::from(entry.attempt))
-        .bind(verdict_str(entry.verdict))
-        .bind(&entry.output)
-        .bind(entry.patch.as_ref().map(to_json))
-        .bind(entry.action.as_ref().map(to_json))
-        .bind(entry.errors.as_ref().map(to_json))
-        .bind(&entry.state_hash)
-        .bind(entry.prompt_tokens as i64)
-        .bind(entry.output_tokens.and_then(|n| i64::try_from(n).ok()))
-        .bind(&entry.prompt_hash)
-        .bind(entry.usage.as_ref().map(to_json))
-        .bind(entry.latency_ms as i64)
-        .bind(entry.created_at)
-        .bind(&entry.author)
-        .bind(entry.board_version.and_then(|v| i64::try_from(v).ok()))
+        .bind(outcome);
+    super::journal::bind_entry(head, entry)
         .bind(kinds)
         .bind(pointers)
         .bind(texts)
