@@ -9,6 +9,10 @@
 //! the figures add `wire_round_trips_per_step`; `--delay-ms N` makes the proxy hold every chunk
 //! N ms each way, as a server on another machine would (queueing the tasks does not go through
 //! it).
+//! On PostgreSQL the figures also hold what the run cost the server per step (`server`:
+//! statements and their execution time from pg_stat_statements where the server loads it, WAL
+//! bytes, and the CPU time of its processes when it runs on this machine) and the workers' CPU
+//! time per step (`worker_cpu_us_per_step`, not when one process also runs the proxy).
 //! With `--start-latency` it measures instead how soon queued work starts on an idle worker:
 //! 200 single tasks queued one at a time (p50/p99, queued → first step), then one batch of
 //! `--tasks` tasks (queued → its first step); `--no-signal` makes the worker poll (every
@@ -20,7 +24,7 @@
 
 use std::sync::Arc;
 
-use skillstate_bench::queue::{run_queue_bench, work};
+use skillstate_bench::queue::{Measure, run_queue_bench, work};
 
 struct Args {
     tasks: usize,
@@ -185,6 +189,10 @@ fn run() -> Result<(), String> {
             args.concurrency,
             args.processes,
             join,
+            Measure {
+                server: Some(location.as_str()),
+                own_cpu_is_workers: proxy.is_none(),
+            },
         )
         .await?;
         let mut figures = serde_json::to_value(&report).map_err(|e| e.to_string())?;

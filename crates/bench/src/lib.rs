@@ -9,6 +9,7 @@ mod job;
 pub mod long_task;
 pub mod queue;
 mod report;
+pub mod server_cost;
 pub mod stats;
 pub mod team;
 pub mod wire;

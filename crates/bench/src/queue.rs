@@ -20,6 +20,9 @@ use skillstate_runtime::{
 use skillstate_store::{NewBatch, OnError, QueuedTask, RateLimit, Store, TaskRecord};
 use skillstate_tools::{CallContext, Environment, Tool, ToolError, ToolOutput, UserRequest};
 
+use crate::server_cost::{ServerCost, ServerCostReport};
+use crate::stats::{children_cpu, process_cpu};
+
 /// The skill every benchmark task runs: count up to `steps`, one tool call per step.
 pub fn counter_skill(steps: u32) -> Result<Skill, String> {
     let mut settings = SkillSettings::default();
@@ -218,12 +221,20 @@ pub struct QueueReport {
     pub steps_per_sec: f64,
     /// Accepted steps of the batch's tasks.
     pub steps: u64,
+    /// The worker processes' CPU time per step (omitted when it cannot be told apart: one
+    /// process that also runs the wire proxy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_cpu_us_per_step: Option<f64>,
+    /// What the steps cost the PostgreSQL server (`Measure::server`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerCostReport>,
 }
 
 /// Queues the tasks through `store`, then runs them with `processes` worker processes (`1`:
 /// this process, through `worker_store`, which may reach the same database another way).
 /// `join` is how to start one more worker process on a batch: it gets the batch id and must
 /// run `work` to the end and exit (the CLI re-runs itself with `bench queue --join`).
+#[allow(clippy::too_many_arguments)]
 pub async fn run_queue_bench(
     store: Arc<dyn Store>,
     worker_store: Arc<dyn Store>,
@@ -232,10 +243,17 @@ pub async fn run_queue_bench(
     concurrency: usize,
     processes: usize,
     join: impl Fn(&str) -> std::io::Result<tokio::process::Child>,
+    measure: Measure<'_>,
 ) -> Result<QueueReport, String> {
     let started = Instant::now();
     let batch = submit(store.as_ref(), tasks, steps).await?;
     let submit_secs = started.elapsed().as_secs_f64();
+    let server = match measure.server {
+        Some(url) => ServerCost::start(url).await?,
+        None => None,
+    };
+    let own_cpu = process_cpu();
+    let children_cpu_before = children_cpu();
     let started = Instant::now();
     if processes <= 1 {
         work(worker_store, &batch, steps, concurrency).await?;
@@ -255,6 +273,13 @@ pub async fn run_queue_bench(
         }
     }
     let run_secs = started.elapsed().as_secs_f64();
+    let worker_cpu = if processes > 1 {
+        Some(children_cpu().saturating_sub(children_cpu_before))
+    } else {
+        measure
+            .own_cpu_is_workers
+            .then(|| process_cpu().saturating_sub(own_cpu))
+    };
     let rows = store.batch_tasks(&batch).await.map_err(|e| e.to_string())?;
     let completed = rows
         .iter()
@@ -276,7 +301,24 @@ pub async fn run_queue_bench(
         failed,
         steps_per_sec: steps_done as f64 / run_secs.max(1e-9),
         steps: steps_done,
+        worker_cpu_us_per_step: worker_cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / steps_done.max(1) as f64),
+        server: match server {
+            Some(server) => Some(server.finish(steps_done).await?),
+            None => None,
+        },
     })
+}
+
+/// What `run_queue_bench` measures besides throughput.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Measure<'a> {
+    /// A `postgres://` URL reaching the workers' server directly: its cost per step
+    /// (`ServerCost`) is read before and after the run.
+    pub server: Option<&'a str>,
+    /// Whether this process's CPU time during a one-process run is the worker's alone (not
+    /// when the wire proxy runs in it too).
+    pub own_cpu_is_workers: bool,
 }
 
 /// How soon queued work starts on idle workers (`bench queue --start-latency`).

@@ -1,6 +1,29 @@
 //! Mean ± SD and least-squares lines, for aggregating runs over seeds and for the scaling laws.
 
+use std::time::Duration;
+
+use nix::time::{ClockId, clock_gettime};
 use serde::{Deserialize, Serialize};
+
+/// CPU time the process has used so far, every thread (zero where the clock cannot be read).
+pub fn process_cpu() -> Duration {
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// CPU time of the child processes this process has waited for (zero where it cannot be read).
+pub fn children_cpu() -> Duration {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .map(|usage| {
+            let seconds = |t: nix::sys::time::TimeVal| {
+                Duration::new(t.tv_sec().max(0) as u64, 0)
+                    + Duration::from_micros(t.tv_usec().max(0) as u64)
+            };
+            seconds(usage.user_time()) + seconds(usage.system_time())
+        })
+        .unwrap_or_default()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MeanSd {

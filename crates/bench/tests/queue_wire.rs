@@ -16,7 +16,7 @@ mod skip;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skillstate_bench::queue::run_queue_bench;
+use skillstate_bench::queue::{Measure, run_queue_bench};
 use skillstate_bench::wire::{WireProxy, through_proxy};
 
 const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -85,9 +85,19 @@ async fn a_queued_step_costs_at_most_two_round_trips_on_the_wire() {
     // Opening (the schema check) is not a step's cost.
     let before = proxy.turns();
 
-    let report = run_queue_bench(Arc::clone(&store), worker_store, TASKS, STEPS, 8, 1, |_| {
-        Err(std::io::Error::other("one process only"))
-    })
+    let report = run_queue_bench(
+        Arc::clone(&store),
+        worker_store,
+        TASKS,
+        STEPS,
+        8,
+        1,
+        |_| Err(std::io::Error::other("one process only")),
+        Measure {
+            server: Some(&url),
+            own_cpu_is_workers: false,
+        },
+    )
     .await
     .expect("the queue bench runs");
     let turns = proxy.turns() - before;
@@ -109,6 +119,26 @@ async fn a_queued_step_costs_at_most_two_round_trips_on_the_wire() {
         "{turns} round trips for {} accepted steps: {per_step:.2} per step (at most 2)",
         report.steps
     );
+
+    // What the steps cost the server, read from the server (other tests may write to it
+    // meanwhile, so these are lower bounds): every step writes WAL; the server's processes
+    // are on this machine; pg_stat_statements, where loaded, saw at least the step's commit.
+    let server = report.server.as_ref().expect("the server's cost is measured");
+    assert!(server.wal_bytes_per_step > 0.0, "{server:?}");
+    if url.contains("@127.0.0.1") || url.contains("@localhost") {
+        assert!(
+            server.server_cpu_us_per_step.is_some_and(|cpu| cpu > 0.0),
+            "{server:?}"
+        );
+    }
+    match &server.pg_stat_statements {
+        None => assert!(
+            server.statements_per_step.is_some_and(|n| n >= 1.0),
+            "{server:?}"
+        ),
+        Some(why) => assert!(why.contains("shared_preload_libraries"), "{why}"),
+    }
+    assert!(report.worker_cpu_us_per_step.is_none(), "{report:?}");
 }
 
 /// An idle worker whose fallback poll is two minutes away starts a task queued after it went

@@ -20,7 +20,8 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     pub mcp: McpConfig,
     pub tools: ToolsConfig,
-    /// `[store]`: `snapshot_every = 100`, `lease_secs = 30`, `transaction_pooler = true`.
+    /// `[store]`: `snapshot_every = 100`, `lease_secs = 30`, `transaction_pooler = true`,
+    /// `max_connections = 16`.
     pub store: skillstate_store::StoreOptions,
     pub secrets: SecretsConfig,
     /// `[telemetry]`: OpenTelemetry traces over OTLP/HTTP (off unless an endpoint is given).
@@ -336,6 +337,30 @@ mod tests {
         .unwrap();
         assert!(config.store.transaction_pooler);
         assert_eq!(config.store.lease_secs, 30);
+    }
+
+    #[test]
+    fn the_store_connection_count_is_set_under_store() {
+        let defaults = Config::from_toml("", CONFIG_FILE).unwrap();
+        assert_eq!(defaults.store.max_connections, None);
+        let config = Config::from_toml(
+            "[store]
+max_connections = 64
+",
+            CONFIG_FILE,
+        )
+        .unwrap();
+        assert_eq!(config.store.max_connections, Some(64));
+        let error = Config::from_toml(
+            "[store]
+max_connections = \"many\"\n",
+            CONFIG_FILE,
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with("skillstate.toml:2") && error.contains("max_connections"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub use fenced::LeasedWrite;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};
 pub use model::*;
-pub use postgres::PostgresStore;
+pub use postgres::{Connections, DEFAULT_MAX_CONNECTIONS, PostgresStore};
 pub use queue::*;
 pub use service::*;
 pub use sqlite::{SqliteStore, Synchronous};
@@ -108,6 +108,13 @@ pub struct StoreOptions {
     /// parameter such a pooler refuses is sent. The URL's `transaction_pooler=true` does the
     /// same. No effect on SQLite.
     pub transaction_pooler: bool,
+    /// PostgreSQL connections one process's store opens at most (2–1000, default 16): half
+    /// for transactions, half for single statements such as a step's commit. A worker whose
+    /// server is a network hop away keeps its steps' commits waiting for a connection unless
+    /// it has about as many as it runs tasks at once. The URL's `max_connections=N` does the
+    /// same. No effect on SQLite.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
 }
 
 /// Default execution lease: renewed every 10 s while a task runs.
@@ -119,6 +126,7 @@ impl Default for StoreOptions {
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             lease_secs: DEFAULT_LEASE_SECS,
             transaction_pooler: false,
+            max_connections: None,
         }
     }
 }
@@ -131,6 +139,12 @@ pub enum OpenMode {
     /// Never create or change anything: the database must exist and hold a skillstate schema
     /// this version can read. For commands that only look (`tasks`, `show`, `pending`).
     Existing,
+}
+
+/// A PostgreSQL URL without the store's own query parameters (`transaction_pooler`,
+/// `max_connections`), for a client other than the store.
+pub fn postgres_server_url(url: &str) -> Result<String> {
+    postgres::take_store_parameters(url).map(|(bare, _)| bare)
 }
 
 /// `open` with options.
@@ -151,9 +165,16 @@ async fn open_in_mode(
     let every = options.snapshot_every.max(1);
     if location.starts_with("postgres://") || location.starts_with("postgresql://") {
         return Ok(Arc::new(
-            PostgresStore::open_with(location, mode, options.transaction_pooler)
-                .await?
-                .with_snapshot_every(every),
+            PostgresStore::open_configured(
+                location,
+                mode,
+                &postgres::Connections {
+                    transaction_pooler: options.transaction_pooler,
+                    max_connections: options.max_connections,
+                },
+            )
+            .await?
+            .with_snapshot_every(every),
         ));
     }
     Ok(Arc::new(

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::time::{ClockId, clock_gettime};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use skillstate_core::skill::EnvironmentSettings;
@@ -18,7 +17,7 @@ use skillstate_store::{ActionOutcome, SqliteStore, Synchronous, TaskStatus, Verd
 
 use super::{Arm, RECALL_TOOL};
 use crate::BenchError;
-use crate::stats::median;
+use crate::stats::{median, process_cpu};
 
 /// Steps per measured window: prompt growth compares the first and the last 100 steps, the
 /// step time steps 101–200 and the last 100 (the long-task measure).
@@ -94,13 +93,6 @@ impl ArchiveRun {
     pub fn completed(&self) -> bool {
         self.status == TaskStatus::Completed.as_str()
     }
-}
-
-/// CPU time the process has used so far (zero where the clock cannot be read).
-fn process_cpu() -> Duration {
-    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
-        .map(Duration::from)
-        .unwrap_or_default()
 }
 
 /// Stamps the time (wall and process CPU) of every accepted answer.

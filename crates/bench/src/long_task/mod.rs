@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::time::{ClockId, clock_gettime};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use skillstate_core::{AcceptedStep, ContextStrategy, RejectedStep, Skill};
@@ -34,7 +33,7 @@ use skillstate_runtime::{RunObserver, Runner, TaskOptions, start_task};
 use skillstate_store::{SqliteStore, Synchronous, TaskStatus};
 
 use crate::BenchError;
-use crate::stats::median;
+use crate::stats::{median, process_cpu};
 use steady::{SteadyModel, steady_state};
 
 /// Steps per measured window: the early window is steps 101–200, the late one the last 100.
@@ -108,13 +107,6 @@ pub struct CurveReport {
     pub step_ms: Vec<f64>,
     /// Every step's process CPU time in milliseconds.
     pub step_cpu_ms: Vec<f64>,
-}
-
-/// CPU time the process has used so far (zero where the clock cannot be read).
-fn process_cpu() -> Duration {
-    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
-        .map(Duration::from)
-        .unwrap_or_default()
 }
 
 /// Stamps the time (wall and CPU) and prompt size of every accepted answer.

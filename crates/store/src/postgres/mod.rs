@@ -39,11 +39,14 @@ mod wake;
 /// are timed by it, so workers on machines with skewed clocks agree.
 pub(super) const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
 
-/// Enough for a few runners and the CLI; PostgreSQL's default limit is 100 per server. The
-/// pool's, for transactions; lone statements (a step's commit, claims, reads) have as many
-/// again of their own (`lent.rs`), opened as they are needed.
-const MAX_CONNECTIONS: u32 = 8;
-const LENT_CONNECTIONS: u32 = 8;
+/// Server connections one store opens at most, unless `max_connections` says otherwise: enough
+/// for a few runners and the CLI next to a server (PostgreSQL's default limit is 100 per
+/// server). Half are the pool's, for transactions; lone statements (a step's commit, claims,
+/// reads) have the other half (`lent.rs`). All are opened as they are needed.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+/// The bounds of `max_connections`: one of each kind at least; PostgreSQL's own limit is the
+/// server's `max_connections`, shared by every client.
+pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<u32> = 2..=1000;
 /// Long enough to ride out a burst of concurrent commits, short enough that a dead server
 /// surfaces as an error instead of a hang.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -82,8 +85,26 @@ impl PostgresStore {
     /// transactions, runs every statement inside a transaction, and sends no startup parameter
     /// such a pooler refuses (`db.rs`; docs/storage.md, PostgreSQL).
     pub async fn open_with(url: &str, mode: OpenMode, transaction_pooler: bool) -> Result<Self> {
-        let (options, pooler) = connect_options(url, transaction_pooler)?;
-        Self::connect(url, options, None, mode, pooler).await
+        Self::open_configured(
+            url,
+            mode,
+            &Connections {
+                transaction_pooler,
+                max_connections: None,
+            },
+        )
+        .await
+    }
+
+    /// Opens `url` in `mode` with `settings` (`[store]`); the URL's own `transaction_pooler`
+    /// and `max_connections` parameters take precedence.
+    pub async fn open_configured(
+        url: &str,
+        mode: OpenMode,
+        settings: &Connections,
+    ) -> Result<Self> {
+        let (options, settings) = connect_options(url, settings)?;
+        Self::connect(url, options, None, mode, settings).await
     }
 
     /// Like [`open`](Self::open), but keeps every table in `schema`, which is created when
@@ -98,12 +119,12 @@ impl PostgresStore {
                 ),
             });
         }
-        let (options, pooler) = connect_options(url, false)?;
-        if pooler {
+        let (options, settings) = connect_options(url, &Connections::default())?;
+        if settings.transaction_pooler {
             return Err(pooler_refuses_options(url));
         }
         let options = options.options([("search_path", format!("\"{schema}\""))]);
-        Self::connect(url, options, Some(schema), OpenMode::ReadWrite, false).await
+        Self::connect(url, options, Some(schema), OpenMode::ReadWrite, settings).await
     }
 
     async fn connect(
@@ -111,8 +132,9 @@ impl PostgresStore {
         options: PgConnectOptions,
         schema: Option<&str>,
         mode: OpenMode,
-        transaction_pooler: bool,
+        settings: Connections,
     ) -> Result<Self> {
+        let transaction_pooler = settings.transaction_pooler;
         let open_error = |e: sqlx::Error| {
             let message = e.to_string();
             // PgBouncer refuses startup parameters it does not know (`extra_float_digits`,
@@ -147,10 +169,11 @@ impl PostgresStore {
             }
         }
         probe.close().await?;
+        let total = settings.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
         let pool = Db::connect(
             options,
-            MAX_CONNECTIONS,
-            LENT_CONNECTIONS,
+            total / 2,
+            total - total / 2,
             ACQUIRE_TIMEOUT,
             transaction_pooler,
         )
@@ -232,12 +255,37 @@ impl PostgresStore {
     }
 }
 
-/// The connect options of `url`, and whether the server is reached through a transaction
-/// pooler (`transaction_pooler`, or the URL's `transaction_pooler=true`, which sqlx does not
-/// see).
-fn connect_options(url: &str, transaction_pooler: bool) -> Result<(PgConnectOptions, bool)> {
-    let (bare, from_url) = take_pooler_parameter(url)?;
-    let pooler = transaction_pooler || from_url;
+/// How a store reaches its server: through a transaction pooler or not, with how many
+/// connections (`[store]`, or the URL's `transaction_pooler` and `max_connections`
+/// parameters, which sqlx does not see).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Connections {
+    pub transaction_pooler: bool,
+    /// `None`: [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: Option<u32>,
+}
+
+/// The connect options of `url` and its connection settings: `settings`, overridden by the
+/// URL's own parameters.
+fn connect_options(url: &str, settings: &Connections) -> Result<(PgConnectOptions, Connections)> {
+    let (bare, from_url) = take_store_parameters(url)?;
+    let settings = Connections {
+        transaction_pooler: settings.transaction_pooler || from_url.transaction_pooler,
+        max_connections: from_url.max_connections.or(settings.max_connections),
+    };
+    if let Some(n) = settings.max_connections
+        && !MAX_CONNECTIONS_RANGE.contains(&n)
+    {
+        return Err(StoreError::Open {
+            location: redact(url),
+            message: format!(
+                "max_connections = {n} is out of range: give {} to {} (half for transactions, half for single statements)",
+                MAX_CONNECTIONS_RANGE.start(),
+                MAX_CONNECTIONS_RANGE.end()
+            ),
+        });
+    }
+    let pooler = settings.transaction_pooler;
     let options = PgConnectOptions::from_str(&bare).map_err(|e| StoreError::Open {
         location: redact(url),
         message: e.to_string(),
@@ -267,23 +315,36 @@ fn connect_options(url: &str, transaction_pooler: bool) -> Result<(PgConnectOpti
     } else {
         options
     };
-    Ok((options, pooler))
+    Ok((options, settings))
 }
 
-/// `url` without its `transaction_pooler` query parameter, and the parameter's value.
-fn take_pooler_parameter(url: &str) -> Result<(String, bool)> {
+/// `url` without the store's own query parameters (`transaction_pooler`, `max_connections`),
+/// and their values.
+pub(crate) fn take_store_parameters(url: &str) -> Result<(String, Connections)> {
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), false));
+        return Ok((url.to_owned(), Connections::default()));
     };
-    let mut pooler = false;
+    let mut settings = Connections::default();
     let mut kept = Vec::new();
     for pair in query.split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if key == "max_connections" {
+            let n = value.parse::<u32>().map_err(|_| StoreError::Open {
+                location: redact(url),
+                message: format!(
+                    "`max_connections={value}` is not a number of connections; give {} to {}",
+                    MAX_CONNECTIONS_RANGE.start(),
+                    MAX_CONNECTIONS_RANGE.end()
+                ),
+            })?;
+            settings.max_connections = Some(n);
+            continue;
+        }
         if key != "transaction_pooler" {
             kept.push(pair);
             continue;
         }
-        pooler = match value.to_ascii_lowercase().as_str() {
+        settings.transaction_pooler = match value.to_ascii_lowercase().as_str() {
             "true" | "1" | "on" | "yes" => true,
             "false" | "0" | "off" | "no" => false,
             other => {
@@ -301,7 +362,7 @@ fn take_pooler_parameter(url: &str) -> Result<(String, bool)> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((bare, pooler))
+    Ok((bare, settings))
 }
 
 /// Why a schema (`search_path`) cannot be chosen per connection through a transaction pooler.
@@ -389,9 +450,50 @@ mod tests {
     use super::*;
 
     fn mode(url: &str) -> PgSslMode {
-        match connect_options(url, false) {
+        match connect_options(url, &Connections::default()) {
             Ok((options, _)) => options.get_ssl_mode(),
             Err(error) => panic!("{url}: {error}"),
+        }
+    }
+
+    #[test]
+    fn the_url_sets_the_connections_and_a_bad_count_names_the_parameter() {
+        let settings = |url: &str, given: Connections| connect_options(url, &given).map(|(_, s)| s);
+        let url = "postgres://u@127.0.0.1/db?max_connections=48&application_name=w";
+        let from_url = settings(url, Connections::default()).expect("a valid URL");
+        assert_eq!(from_url.max_connections, Some(48));
+        assert!(!from_url.transaction_pooler);
+        // The URL wins over `[store]`; `[store]` applies where the URL says nothing.
+        let configured = Connections {
+            transaction_pooler: false,
+            max_connections: Some(8),
+        };
+        assert_eq!(settings(url, configured).unwrap().max_connections, Some(48));
+        assert_eq!(
+            settings("postgres://u@127.0.0.1/db", configured)
+                .unwrap()
+                .max_connections,
+            Some(8)
+        );
+        // The parameter is the store's: sqlx never sees it.
+        let (bare, _) = take_store_parameters(url).unwrap();
+        assert_eq!(bare, "postgres://u@127.0.0.1/db?application_name=w");
+        for bad in [
+            "max_connections=many",
+            "max_connections=-1",
+            "max_connections=1",
+            "max_connections=5000",
+        ] {
+            let error = settings(
+                &format!("postgres://u@127.0.0.1/db?{bad}"),
+                Connections::default(),
+            )
+            .expect_err(bad)
+            .to_string();
+            assert!(
+                error.contains("max_connections") && error.contains("2 to 1000"),
+                "{bad}: {error}"
+            );
         }
     }
 

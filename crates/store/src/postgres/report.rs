@@ -2,6 +2,12 @@
 //! intents) however many tasks the batch holds; the token totals of a page of tasks (one
 //! grouped query); the batches a tenant sees. JSON columns are text; `skillstate_jsonb`
 //! (migration 3) reads them, taking text that is not JSON as absent.
+//!
+//! Every statement goes through the store's `Db` (`&store.pool`), never the bare `PgPool`
+//! (`store.pool()`): outside a transaction sqlx prepares a statement and runs it in two
+//! exchanges, which a transaction pooler may send to two different server connections (the
+//! second then fails with `prepared statement "sqlx_s_…" does not exist`); `Db` runs such a
+//! statement inside a transaction of its own there (db.rs), and on a lent connection otherwise.
 
 use std::collections::HashMap;
 
@@ -29,14 +35,14 @@ pub(super) async fn batch_tasks(store: &PostgresStore, batch: &str) -> Result<Ve
     // Names a missing batch instead of answering with no tasks.
     let batch = store.batch(batch).await?.id;
     let now: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW_MS}")))
-        .fetch_one(store.pool())
+        .fetch_one(&store.pool)
         .await?;
     let sql = format!(
         "SELECT {BATCH_TASK_COLUMNS} FROM tasks WHERE batch_id = $1 ORDER BY created_at, id"
     );
     let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(&batch)
-        .fetch_all(store.pool())
+        .fetch_all(&store.pool)
         .await?;
     let mut tasks = rows
         .iter()
@@ -67,7 +73,7 @@ pub(super) async fn batch_tasks(store: &PostgresStore, batch: &str) -> Result<Ve
     );
     let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(&batch)
-        .fetch_all(store.pool())
+        .fetch_all(&store.pool)
         .await?;
     for row in &rows {
         let id: String = row.try_get("task_id")?;
@@ -84,7 +90,7 @@ pub(super) async fn batch_tasks(store: &PostgresStore, batch: &str) -> Result<Ve
          WHERE t.batch_id = $1 AND i.status = 'done' AND (i.ok = false OR i.ok IS NULL) GROUP BY i.task_id",
     )
     .bind(&batch)
-    .fetch_all(store.pool())
+    .fetch_all(&store.pool)
     .await?;
     for row in &rows {
         let id: String = row.try_get("task_id")?;
@@ -118,7 +124,7 @@ pub(super) async fn task_totals(
     );
     let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(tasks)
-        .fetch_all(store.pool())
+        .fetch_all(&store.pool)
         .await?;
     rows.iter().map(totals_from_row).collect()
 }
@@ -137,7 +143,7 @@ pub(super) async fn list_batches_page(
         .bind(&query.tenant)
         .bind(page_limit(query.limit))
         .bind(query.after.as_deref())
-        .fetch_all(store.pool())
+        .fetch_all(&store.pool)
         .await?;
     rows.iter().map(batch_from_row).collect()
 }
@@ -145,7 +151,7 @@ pub(super) async fn list_batches_page(
 pub(super) async fn batch_tenant(store: &PostgresStore, batch: &str) -> Result<Option<String>> {
     let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM batches WHERE id = $1")
         .bind(batch)
-        .fetch_optional(store.pool())
+        .fetch_optional(&store.pool)
         .await?;
     if found.is_none() {
         return Err(StoreError::NoSuchBatch(batch.to_owned()));
@@ -153,7 +159,7 @@ pub(super) async fn batch_tenant(store: &PostgresStore, batch: &str) -> Result<O
     let tenants: Vec<Option<String>> =
         sqlx::query_scalar("SELECT DISTINCT tenant FROM tasks WHERE batch_id = $1 LIMIT 2")
             .bind(batch)
-            .fetch_all(store.pool())
+            .fetch_all(&store.pool)
             .await?;
     Ok(match tenants.as_slice() {
         [Some(tenant)] => Some(tenant.clone()),
