@@ -1,14 +1,27 @@
 //! One conformance suite for every `Store` backend. Each test runs the same scenario on a real
-//! SQLite file and on PostgreSQL (in a schema of its own, dropped afterwards), so the backends
-//! cannot drift apart.
+//! SQLite file, on PostgreSQL (in a schema of its own, dropped afterwards) and on PostgreSQL
+//! through PgBouncer in transaction mode, so the backends cannot drift apart.
 //!
 //! PostgreSQL is reached at `SKILLSTATE_TEST_POSTGRES_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/test`). Setting it to `off` runs the SQLite half only and
+//! `postgres://postgres@127.0.0.1:5432/test`). Setting it to `off` runs the SQLite part only and
 //! says so; an unreachable server is a test failure, not a silent skip.
+//!
+//! The third backend goes through the PgBouncer at `SKILLSTATE_TEST_PGBOUNCER_URL` (`scripts/test`
+//! starts one for the whole run), else through one each test starts for itself
+//! (`test-support/pgbouncer.rs`); `off` skips it, visibly. Its settings are docs/storage.md's
+//! (`pool_mode = transaction`, `server_reset_query = DEALLOCATE ALL`,
+//! `server_reset_query_always = 1`), checked on PgBouncer's admin console, and the store is
+//! opened with `transaction_pooler`. A scenario's schema cannot come from startup `options`
+//! through the pooler, so each scenario gets a role of its own whose `search_path` is its schema
+//! (PgBouncer pools server connections per database and user); both are dropped afterwards.
+//! The operator's helpers (`Db::execute`, `Db::count`) connect to PostgreSQL directly.
 #![allow(clippy::unwrap_used)]
 
 #[path = "../../../test-support/skip.rs"]
 mod skip;
+
+#[path = "../../../test-support/pgbouncer.rs"]
+mod pgbouncer;
 
 #[path = "conformance/boards.rs"]
 mod boards;
@@ -58,6 +71,16 @@ const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 enum Backend {
     Sqlite,
     Postgres,
+    /// PostgreSQL through PgBouncer in transaction mode, the store opened with
+    /// `transaction_pooler`.
+    PgBouncer,
+}
+
+impl Backend {
+    /// PostgreSQL, directly or through the pooler: the same schema and SQL.
+    fn is_postgres(self) -> bool {
+        matches!(self, Self::Postgres | Self::PgBouncer)
+    }
 }
 
 fn postgres_url() -> Option<String> {
@@ -69,18 +92,29 @@ fn postgres_url() -> Option<String> {
 }
 
 fn backends() -> Vec<Backend> {
-    if postgres_url().is_some() {
+    if postgres_url().is_none() {
+        static NOTICE: Once = Once::new();
+        NOTICE.call_once(|| {
+            skip::skip_part(
+                "the PostgreSQL part of every test (directly and through PgBouncer)",
+                "SKILLSTATE_TEST_POSTGRES_URL=off",
+                "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
+            )
+        });
+        return vec![Backend::Sqlite];
+    }
+    if !pgbouncer::Pooler::enabled() {
+        static NOTICE: Once = Once::new();
+        NOTICE.call_once(|| {
+            skip::skip_part(
+                "the PgBouncer (transaction mode) part of every test",
+                &format!("{}=off", pgbouncer::POOLER_ENV),
+                pgbouncer::ENABLE,
+            )
+        });
         return vec![Backend::Sqlite, Backend::Postgres];
     }
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        skip::skip_part(
-            "the PostgreSQL half of every test",
-            "SKILLSTATE_TEST_POSTGRES_URL=off",
-            "unset it to use postgres://postgres@127.0.0.1:5432/test, or point it at a PostgreSQL server",
-        )
-    });
-    vec![Backend::Sqlite]
+    vec![Backend::Sqlite, Backend::Postgres, Backend::PgBouncer]
 }
 
 /// One empty database for one scenario: a temporary SQLite file, or a fresh PostgreSQL schema.
@@ -96,10 +130,22 @@ enum Target {
         path: String,
         _dir: Arc<tempfile::TempDir>,
     },
+    /// `url` and `schema` reach the database directly; the operator's helpers use them.
     Postgres {
         url: String,
         schema: String,
+        /// Set on `Backend::PgBouncer`: the store goes through the pooler.
+        pooled: Option<Arc<Pooled>>,
     },
+}
+
+/// A scenario's way through PgBouncer: its role (whose `search_path` is its schema) and the
+/// pooler, kept running while the scenario uses it.
+struct Pooled {
+    /// The database through the pooler as the scenario's role, without `transaction_pooler`.
+    url: String,
+    role: pgbouncer::RoleSchema,
+    _pooler: pgbouncer::Pooler,
 }
 
 impl Db {
@@ -118,7 +164,7 @@ impl Db {
                     _dir: Arc::new(dir),
                 }
             }
-            Backend::Postgres => {
+            Backend::Postgres | Backend::PgBouncer => {
                 let url = postgres_url().context("PostgreSQL is switched off")?;
                 // Fail early, with the way out, rather than deep inside a scenario.
                 let connection = sqlx::PgConnection::connect(&url).await.with_context(|| {
@@ -129,8 +175,29 @@ impl Db {
                     )
                 })?;
                 connection.close().await?;
-                let schema = format!("conformance_{}", uuid::Uuid::now_v7().simple());
-                Target::Postgres { url, schema }
+                if backend == Backend::PgBouncer {
+                    let pooler = pgbouncer::Pooler::get(&url)
+                        .await?
+                        .context("PgBouncer is switched off")?;
+                    let role = pgbouncer::RoleSchema::create(&url, "conformance_pooled").await?;
+                    let pooled = Pooled {
+                        url: pooler.url_as(&role.name, "")?,
+                        role,
+                        _pooler: pooler,
+                    };
+                    Target::Postgres {
+                        url,
+                        schema: pooled.role.name.clone(),
+                        pooled: Some(Arc::new(pooled)),
+                    }
+                } else {
+                    let schema = format!("conformance_{}", uuid::Uuid::now_v7().simple());
+                    Target::Postgres {
+                        url,
+                        schema,
+                        pooled: None,
+                    }
+                }
             }
         };
         Ok(Self { backend, target })
@@ -147,7 +214,15 @@ impl Db {
                     .await?
                     .with_snapshot_every(snapshot_every),
             ),
-            Target::Postgres { url, schema } => Arc::new(
+            Target::Postgres {
+                pooled: Some(pooled),
+                ..
+            } => Arc::new(
+                PostgresStore::open_with(&pooled.url, OpenMode::ReadWrite, true)
+                    .await?
+                    .with_snapshot_every(snapshot_every),
+            ),
+            Target::Postgres { url, schema, .. } => Arc::new(
                 PostgresStore::open_in_schema(url, schema)
                     .await?
                     .with_snapshot_every(snapshot_every),
@@ -159,7 +234,12 @@ impl Db {
     fn location(&self) -> String {
         match &self.target {
             Target::Sqlite { path, .. } => path.clone(),
-            Target::Postgres { url, schema } => {
+            // Through the pooler the URL says so; the role brings the schema.
+            Target::Postgres {
+                pooled: Some(pooled),
+                ..
+            } => format!("{}?transaction_pooler=true", pooled.url),
+            Target::Postgres { url, schema, .. } => {
                 let separator = if url.contains('?') { '&' } else { '?' };
                 format!("{url}{separator}options=-c%20search_path%3D{schema}")
             }
@@ -177,7 +257,7 @@ impl Db {
                 conn.close().await?;
                 done.rows_affected()
             }
-            Target::Postgres { url, schema } => {
+            Target::Postgres { url, schema, .. } => {
                 let mut conn = self.pg_connection(url, schema).await?;
                 let done = sqlx::raw_sql(sql).execute(&mut conn).await?;
                 conn.close().await?;
@@ -196,7 +276,7 @@ impl Db {
                 conn.close().await?;
                 n
             }
-            Target::Postgres { url, schema } => {
+            Target::Postgres { url, schema, .. } => {
                 let mut conn = self.pg_connection(url, schema).await?;
                 let n = sqlx::query_scalar(sql).fetch_one(&mut conn).await?;
                 conn.close().await?;
@@ -212,7 +292,14 @@ impl Db {
     }
 
     async fn destroy(&self) -> anyhow::Result<()> {
-        if let Target::Postgres { url, schema } = &self.target {
+        if let Target::Postgres {
+            pooled: Some(pooled),
+            ..
+        } = &self.target
+        {
+            return pooled.role.drop_now().await;
+        }
+        if let Target::Postgres { url, schema, .. } = &self.target {
             let mut conn = sqlx::PgConnection::connect(url).await?;
             sqlx::raw_sql(AssertSqlSafe(format!(
                 "DROP SCHEMA IF EXISTS {schema} CASCADE"
@@ -1020,6 +1107,8 @@ fn every_step_rebuilds_to_its_recorded_hash() -> anyhow::Result<()> {
         let cases = match backend {
             Backend::Sqlite => 24,
             Backend::Postgres => 16,
+            // Three round trips a statement (BEGIN, it, COMMIT): fewer cases, the same property.
+            Backend::PgBouncer => 8,
         };
         let db = runtime.block_on(Db::create(backend))?;
         let mut runner = TestRunner::new(Config::with_cases(cases));
@@ -1393,7 +1482,7 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
         Backend::Sqlite => 16,
-        Backend::Postgres => 17,
+        Backend::Postgres | Backend::PgBouncer => 17,
     }
 }
 
@@ -1462,8 +1551,9 @@ async fn a_newer_schema_is_refused() -> anyhow::Result<()> {
 async fn open_picks_the_backend_from_the_location() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
         let mut locations = vec![db.location()];
-        if db.backend == Backend::Postgres {
-            // The schema comes from the URL's `options`, as an operator would configure it.
+        if db.backend.is_postgres() {
+            // The schema comes from the URL's `options` (through the pooler: from the role), as
+            // an operator would configure it.
             locations.push(db.location().replacen("postgres://", "postgresql://", 1));
         }
         let direct = db.open().await?;

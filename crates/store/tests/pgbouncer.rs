@@ -15,13 +15,13 @@
 #[path = "../../../test-support/skip.rs"]
 mod skip;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "../../../test-support/pgbouncer.rs"]
+mod pgbouncer;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use pgbouncer::Bouncer;
 use serde_json::{Value, json};
 use skillstate_core::json::state_hash;
 use skillstate_core::{ContextStrategy, SkillDefinition, StatePatch};
@@ -29,7 +29,6 @@ use skillstate_store::*;
 use sqlx::{AssertSqlSafe, Connection};
 
 const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-const INSTALL: &str = "apt-get install -y pgbouncer";
 
 fn postgres_url() -> Option<String> {
     match std::env::var("SKILLSTATE_TEST_POSTGRES_URL") {
@@ -45,145 +44,22 @@ fn postgres_url() -> Option<String> {
     }
 }
 
-/// The test server's host and port, which PgBouncer connects to.
-fn server_of(url: &str) -> anyhow::Result<(String, u16, String)> {
-    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
-    Ok((
-        options.get_host().to_owned(),
-        options.get_port(),
-        options.get_username().to_owned(),
-    ))
-}
-
-fn pgbouncer_program() -> PathBuf {
-    if let Some(path) = std::env::var_os("SKILLSTATE_TEST_PGBOUNCER") {
-        return PathBuf::from(path);
-    }
-    for candidate in ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"] {
-        if Path::new(candidate).exists() {
-            return PathBuf::from(candidate);
-        }
-    }
-    panic!(
-        "pgbouncer is not installed (the transaction-pooler tests need it): run `{INSTALL}` (scripts/test does when it runs as root), or point SKILLSTATE_TEST_PGBOUNCER at it"
-    );
-}
-
-/// A PgBouncer process of this test's own; killed on drop.
-struct Bouncer {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Bouncer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Bouncer {
-    /// Starts PgBouncer in transaction mode with `settings` added to its `[pgbouncer]`
-    /// section, serving `test` (the test server's database) and, when `schema` is given,
-    /// `test_schema`: the same database with that schema as every server connection's
-    /// `search_path`.
-    fn start(url: &str, settings: &str, schema: Option<&str>) -> anyhow::Result<Self> {
-        let program = pgbouncer_program();
-        let (host, server_port, user) = server_of(url)?;
-        let database = url
-            .rsplit_once('/')
-            .map(|(_, db)| db.split('?').next().unwrap_or(db).to_owned())
-            .context("the test URL names no database")?;
-        let dir = tempfile::tempdir()?;
-        let port = free_port()?;
-        let mut databases = format!("test = host={host} port={server_port} dbname={database}\n");
-        if let Some(schema) = schema {
-            databases.push_str(&format!(
-                "test_schema = host={host} port={server_port} dbname={database} connect_query='SET search_path TO {schema}'\n"
-            ));
-        }
-        let auth = dir.path().join("userlist.txt");
-        std::fs::write(&auth, format!("\"{user}\" \"\"\n"))?;
-        let ini = dir.path().join("pgbouncer.ini");
-        std::fs::write(
-            &ini,
-            format!(
-                "[databases]\n{databases}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\npool_mode = transaction\nmax_client_conn = 200\n{settings}\n",
-                auth.display()
-            ),
-        )?;
-        // PgBouncer refuses to run as root; `-u` drops to an ordinary user, who must read the
-        // files.
-        let mut command = Command::new(&program);
-        if is_root() {
-            use std::os::unix::fs::PermissionsExt;
-            for path in [dir.path(), &ini, &auth] {
-                let mode = if path.is_dir() { 0o755 } else { 0o644 };
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-            }
-            command.arg("-u").arg("postgres");
-        }
-        let log = std::fs::File::create(dir.path().join("pgbouncer.log"))?;
-        let child = command
-            .arg(&ini)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", program.display()))?;
-        let mut bouncer = Self { child, port, dir };
-        bouncer.wait_listening(Duration::from_secs(10))?;
-        Ok(bouncer)
-    }
-
-    fn wait_listening(&mut self, limit: Duration) -> anyhow::Result<()> {
-        let started = Instant::now();
-        let address = SocketAddr::from(([127, 0, 0, 1], self.port));
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "pgbouncer exited ({status}) before listening:\n{}",
-                    self.log()
-                );
-            }
-            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
-                return Ok(());
-            }
-            if started.elapsed() > limit {
-                bail!(
-                    "pgbouncer did not listen on {address} within {limit:?}:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("pgbouncer.log")).unwrap_or_default()
-    }
-
-    fn url(&self, database: &str, query: &str) -> String {
-        format!(
-            "postgres://postgres@127.0.0.1:{}/{database}{query}",
-            self.port
-        )
-    }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .find(|line| line.starts_with("Uid:"))
-            .is_some_and(|line| line.split_whitespace().nth(1) == Some("0"))
-    })
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+/// PgBouncer in transaction mode with `settings`, serving `test` (the test server's database)
+/// and, when `schema` is given, `test_schema`: the same database with that schema as every server
+/// connection's `search_path` (`connect_query`, as docs/storage.md shows an operator).
+fn start_bouncer(url: &str, settings: &str, schema: Option<&str>) -> anyhow::Result<Bouncer> {
+    let (host, port, _, database) = pgbouncer::server_of(url)?;
+    let databases = match schema {
+        Some(schema) => format!(
+            "test_schema = host={host} port={port} dbname={database} connect_query='SET search_path TO {schema}'\n"
+        ),
+        None => String::new(),
+    };
+    Bouncer::start(
+        url,
+        &databases,
+        &format!("pool_mode = transaction\n{settings}"),
+    )
 }
 
 /// A schema of the test server's own for one test, dropped on drop (best effort).
@@ -308,7 +184,8 @@ fn action_result(step: u64) -> ActionResult {
     }
 }
 
-/// The settings docs/storage.md gives an operator for PgBouncer in transaction mode.
+/// The settings docs/storage.md gives an operator for PgBouncer in transaction mode (without
+/// `pool_mode`, which `start_bouncer` sets).
 const DOCUMENTED: &str =
     "server_reset_query = DEALLOCATE ALL\nserver_reset_query_always = 1\ndefault_pool_size = 3";
 
@@ -321,7 +198,7 @@ async fn without_the_setting_a_transaction_pooler_is_named_once_with_the_way_out
     let schema = Schema::create(&url, "pgbouncer_off").await?;
     // An operator's usual PgBouncer: transaction mode, sqlx's `extra_float_digits` ignored,
     // one server connection (so two clients share it, as they do under load).
-    let bouncer = Bouncer::start(
+    let bouncer = start_bouncer(
         &url,
         "ignore_startup_parameters = extra_float_digits\ndefault_pool_size = 1",
         Some(&schema.name),
@@ -361,7 +238,7 @@ async fn without_the_setting_a_transaction_pooler_is_named_once_with_the_way_out
             "{text}"
         );
         // PgBouncer's refusal of a startup parameter names the setting too.
-        let strict = Bouncer::start(&url, "default_pool_size = 1", None)?;
+        let strict = start_bouncer(&url, "default_pool_size = 1", None)?;
         let error = match PostgresStore::open(&strict.url("test", "")).await {
             Ok(_) => bail!("PgBouncer accepted sqlx's extra_float_digits"),
             Err(error) => error,
@@ -417,7 +294,7 @@ async fn with_the_setting_a_queue_runs_through_pgbouncer_in_transaction_mode() -
     };
     let schema = Schema::create(&url, "pgbouncer_on").await?;
     // Fewer server connections than the store's pool holds: clients share them.
-    let bouncer = Bouncer::start(&url, DOCUMENTED, Some(&schema.name))?;
+    let bouncer = start_bouncer(&url, DOCUMENTED, Some(&schema.name))?;
     let outcome = run_queue(&bouncer, &schema).await;
     let log = bouncer.log();
     drop(bouncer);

@@ -1,4 +1,4 @@
-//! Boards on both backends: creating and finding them, the version check of a board write,
+//! Boards on every backend: creating and finding them, the version check of a board write,
 //! a task's step and its board write committed together or not at all, attaching tasks,
 //! deleting, time travel with every hash checked — and N writers racing on one board through
 //! `commit_step_with_board`, rebasing with core's `board::rebase`: every disjoint write lands,
@@ -827,7 +827,7 @@ async fn a_board_rebuilds_any_version_from_its_nearest_snapshot() -> anyhow::Res
 
 /// Takes `db` back to schema 14, as a release before tasks kept a trace context.
 pub(super) async fn back_to_schema_14(db: &Db) -> anyhow::Result<()> {
-    if db.backend == Backend::Postgres {
+    if db.backend.is_postgres() {
         // PostgreSQL's 16 and 17: the one-statement step and settle, the work triggers.
         db.execute(
             "DROP TRIGGER tasks_work_queued ON tasks; DROP TRIGGER tasks_work_requeued ON tasks; \
@@ -852,7 +852,7 @@ pub(super) async fn back_to_schema_13(db: &Db) -> anyhow::Result<()> {
         Backend::Sqlite => {
             "DROP TABLE board_schemas; DELETE FROM schema_migrations WHERE version >= 14"
         }
-        Backend::Postgres => {
+        Backend::Postgres | Backend::PgBouncer => {
             "DROP TABLE board_schemas; DROP FUNCTION skillstate_board_schema_frozen(); \
              DELETE FROM schema_migrations WHERE version >= 14"
         }

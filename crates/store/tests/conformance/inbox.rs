@@ -1,6 +1,6 @@
 //! The inbox's half of the conformance suite: messages and decisions posted from outside a
 //! runner wait, queue their task, are delivered exactly once with what they became, and keep a
-//! settled claim queued while any waits — on both backends.
+//! settled claim queued while any waits — on every backend.
 
 use super::*;
 

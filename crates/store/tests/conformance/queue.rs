@@ -1,5 +1,5 @@
 //! The work queue's half of the conformance suite: batches, claims, settles, retries, stops,
-//! the per-task report figures and shared rate windows, on both backends.
+//! the per-task report figures and shared rate windows, on every backend.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -680,7 +680,7 @@ async fn enqueueing_is_all_or_nothing_and_fast() -> anyhow::Result<()> {
         // The 700th of 1,000 tasks cannot be written: none of them stays.
         let poison = match db.backend {
             Backend::Sqlite => "CREATE TRIGGER poison BEFORE INSERT ON tasks WHEN NEW.model = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned task'); END;".to_owned(),
-            Backend::Postgres => "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.model = 'poison' THEN RAISE EXCEPTION 'poisoned task'; END IF; RETURN NEW; END $$; \
+            Backend::Postgres | Backend::PgBouncer => "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.model = 'poison' THEN RAISE EXCEPTION 'poisoned task'; END IF; RETURN NEW; END $$; \
                  CREATE TRIGGER poison BEFORE INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION poison();".to_owned(),
         };
         db.execute(&poison).await?;
@@ -701,6 +701,44 @@ async fn enqueueing_is_all_or_nothing_and_fast() -> anyhow::Result<()> {
         assert_eq!(rows[9_999].labels, json!({"file": "input-9999.txt"}));
         assert_eq!(db.count("SELECT COUNT(*) FROM snapshots").await?, 10_000);
         assert_eq!(store.task(&ids[4_321]).await?.state, json!({"n": 4321}));
+        Ok(())
+    })
+    .await
+}
+
+/// Idle workers wait on the store's work signal where it has one (docs/storage.md, "Workers that
+/// wake on events"): PostgreSQL reached directly notifies a listening connection when work is
+/// queued. SQLite has no signal, and neither has PostgreSQL through a transaction pooler, which
+/// cannot hold a `LISTEN`: there the store says so (`None`) and workers find the same work by
+/// polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_work_is_signalled_where_the_store_can_and_found_by_polling_everywhere()
+-> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let signal = store.work_signal().await?;
+        assert_eq!(
+            signal.is_some(),
+            db.backend == Backend::Postgres,
+            "{:?}: a work signal only where a LISTEN can be held",
+            db.backend
+        );
+        // Creating a batch queues nothing, so the signal has nothing to say yet.
+        let batch = store
+            .create_batch(&new_batch("wake", OnError::SkipAndLog, 0))
+            .await?;
+        let mut signal = signal;
+        if let Some(signal) = &mut signal {
+            signal.borrow_and_update();
+        }
+        let ids = store.enqueue_tasks(&batch.id, vec![queued(0)]).await?;
+        if let Some(signal) = &mut signal {
+            tokio::time::timeout(std::time::Duration::from_secs(10), signal.changed())
+                .await
+                .context("no work signal within 10 s of queueing a task")??;
+        }
+        let claimed = claim_one(store.as_ref(), "w1", Some(&batch.id)).await?;
+        assert_eq!(claimed.map(|c| c.task_id), Some(ids[0].clone()));
         Ok(())
     })
     .await

@@ -1,5 +1,5 @@
 //! The recall index (docs/recall.md, "Recall and provenance"): written in the transaction of what it
-//! indexes, on both backends alike — committed steps are found, a refused write never is; a
+//! indexes, on every backend alike — committed steps are found, a refused write never is; a
 //! fork sees its parent's history up to the fork point only; compaction and deletion take the
 //! entries with them; a recall result is not indexed again; an older database is indexed by
 //! the migration.
@@ -464,7 +464,7 @@ async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::
                 )
                 .await?;
             }
-            Backend::Postgres => {
+            Backend::Postgres | Backend::PgBouncer => {
                 db.execute(
                     "DROP TABLE recall_entries; \
                      DROP FUNCTION skillstate_recall_observation() CASCADE; \

@@ -939,7 +939,7 @@ async fn a_malformed_event_position_is_refused_by_name() -> anyhow::Result<()> {
         // Each backend's positions are malformed for the other.
         let foreign = match db.backend {
             Backend::Sqlite => "12.34",
-            Backend::Postgres => "1234",
+            Backend::Postgres | Backend::PgBouncer => "1234",
         };
         for bad in [
             "",
@@ -1042,7 +1042,7 @@ async fn a_reader_tailing_concurrent_commits_misses_and_repeats_nothing() -> any
 async fn postgres_holds_a_later_event_back_until_an_earlier_transaction_ends() -> anyhow::Result<()>
 {
     on_each_backend(|db| async move {
-        let Target::Postgres { url, schema } = &db.target else {
+        let Target::Postgres { url, schema, .. } = &db.target else {
             // SQLite has one writer at a time: ids are handed out in commit order.
             return Ok(());
         };

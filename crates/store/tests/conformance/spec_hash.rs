@@ -1,7 +1,7 @@
 //! A task's skill and tools are a skill version, stored once under the hash of its content and
 //! checked against that hash on every read that decodes them: a version changed outside
 //! skillstate (the frozen trigger dropped, the schema's `readOnly` flipped) is refused with
-//! `Tampered` for every task that runs it, on both backends, and a fork names its parent's
+//! `Tampered` for every task that runs it, on every backend, and a fork names its parent's
 //! version.
 
 use super::*;
@@ -24,7 +24,9 @@ fn guarded_task() -> NewTask {
 async fn tamper(db: &Db, task: &str) -> anyhow::Result<u64> {
     let drop = match db.backend {
         Backend::Sqlite => "DROP TRIGGER IF EXISTS skill_versions_frozen",
-        Backend::Postgres => "DROP TRIGGER IF EXISTS skill_versions_frozen ON skill_versions",
+        Backend::Postgres | Backend::PgBouncer => {
+            "DROP TRIGGER IF EXISTS skill_versions_frozen ON skill_versions"
+        }
     };
     db.execute(drop).await?;
     db.execute(&format!(

@@ -1,5 +1,5 @@
 //! A task's state as the service reads it (`Tasks::task_state`) and steps written from outside
-//! any runner without taking the lease (`Leases::commit_unleased_step`), on both backends:
+//! any runner without taking the lease (`Leases::commit_unleased_step`), on every backend:
 //! refused while a live lease is held, stale versions refused, racing writers of one version
 //! settled by the version.
 

@@ -35,7 +35,7 @@ pub(super) async fn back_to_schema_12(db: &Db) -> anyhow::Result<()> {
              ALTER TABLE tasks DROP COLUMN upgrade_to; ALTER TABLE tasks DROP COLUMN upgrade_author; \
              DELETE FROM schema_migrations WHERE version >= 13"
         }
-        Backend::Postgres => {
+        Backend::Postgres | Backend::PgBouncer => {
             "ALTER TABLE tasks ADD COLUMN skill TEXT, ADD COLUMN tools TEXT; \
              UPDATE tasks t SET skill = v.skill, tools = v.tools FROM skill_versions v WHERE v.hash = t.spec_hash; \
              DROP TABLE task_versions; DROP TABLE skill_versions; \
