@@ -122,8 +122,11 @@ async fn a_queued_step_costs_at_most_two_round_trips_on_the_wire() {
 
     // What the steps cost the server, read from the server (other tests may write to it
     // meanwhile, so these are lower bounds): every step writes WAL; the server's processes
-    // are on this machine; pg_stat_statements, where loaded, saw at least the step's commit.
-    let server = report.server.as_ref().expect("the server's cost is measured");
+    // are on this machine; pg_stat_statements, where loaded and not crowded out, saw at least the step's commit.
+    let server = report
+        .server
+        .as_ref()
+        .expect("the server's cost is measured");
     assert!(server.wal_bytes_per_step > 0.0, "{server:?}");
     if url.contains("@127.0.0.1") || url.contains("@localhost") {
         assert!(
@@ -136,7 +139,11 @@ async fn a_queued_step_costs_at_most_two_round_trips_on_the_wire() {
             server.statements_per_step.is_some_and(|n| n >= 1.0),
             "{server:?}"
         ),
-        Some(why) => assert!(why.contains("shared_preload_libraries"), "{why}"),
+        // Not loaded (a fresh server), or other tests' statements crowded the run's out.
+        Some(why) => assert!(
+            why.contains("shared_preload_libraries") || why.contains("evicted"),
+            "{why}"
+        ),
     }
     assert!(report.worker_cpu_us_per_step.is_none(), "{report:?}");
 }
