@@ -91,6 +91,12 @@ pub const CONFIG_RANGES: &[SettingRange] = &[
         "the execution lease in seconds",
     ),
     SettingRange::integer(
+        "store.max_connections",
+        *skillstate_store::MAX_CONNECTIONS_RANGE.start() as i128,
+        *skillstate_store::MAX_CONNECTIONS_RANGE.end() as i128,
+        "the PostgreSQL connections one process opens (default 16)",
+    ),
+    SettingRange::integer(
         "tools.sandbox_max_processes",
         8,
         1_000_000,

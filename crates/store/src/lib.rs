@@ -44,7 +44,7 @@ pub use fenced::LeasedWrite;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};
 pub use model::*;
-pub use postgres::{Connections, DEFAULT_MAX_CONNECTIONS, PostgresStore};
+pub use postgres::{Connections, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS_RANGE, PostgresStore};
 pub use queue::*;
 pub use service::*;
 pub use sqlite::{SqliteStore, Synchronous};
