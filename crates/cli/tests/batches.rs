@@ -816,3 +816,63 @@ async fn batch_stop_keeps_tasks_queued_until_batch_reopen() {
         );
     }
 }
+
+/// The queue bench's counting skill as an operator runs it (crates/bench/skills/counter,
+/// docs/performance.md "The CLI worker and the in-process bench"): a batch of its tasks, each
+/// with its scripted answers, through `skillstate worker --until-idle`; every task completes
+/// with 20 ticks and `finish`, each tick a `fs.list` of its own work directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_bench_skill_runs_through_the_cli_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let skill = common::repo_root().join("crates/bench/skills/counter");
+    let tasks: Vec<String> = (0..5)
+        .map(|_| json!({"input": "count"}).to_string())
+        .collect();
+    std::fs::write(tmp.path().join("tasks.jsonl"), tasks.join("\n")).unwrap();
+    std::fs::write(
+        tmp.path().join("batch.yaml"),
+        format!(
+            "skill: {}\nmodel: scripted:{}\ninputs: tasks.jsonl\n",
+            skill.display(),
+            skill.join("answers.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(common::binary())
+            .current_dir(tmp.path())
+            .env("SKILLSTATE_DATA_DIR", tmp.path().join("data"))
+            .env_remove("SKILLSTATE_DB")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "skillstate {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    run(&["batch", "submit", "batch.yaml"]);
+    run(&["worker", "--concurrency", "4", "--until-idle"]);
+    let db = tmp.path().join("data/db/skillstate.db");
+    let store = skillstate_store::open_existing(db.to_str().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    let tasks = store.list_tasks().await.unwrap();
+    assert_eq!(tasks.len(), 5);
+    for task in tasks {
+        let task = store.task(&task.id).await.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed, "{}", task.id);
+        assert_eq!(task.version, 21, "{}: 20 ticks and finish", task.id);
+        assert_eq!(task.state, json!({"count": 20}), "{}", task.id);
+        let journal = store.journal(&task.id).await.unwrap();
+        assert!(
+            journal
+                .iter()
+                .all(|entry| entry.verdict == Verdict::Accepted),
+            "{}: every answer accepted",
+            task.id
+        );
+    }
+}
