@@ -215,12 +215,19 @@ impl Config {
             return Err(errors);
         }
         toml::from_str::<Config>(text).map_err(|e| {
-            let line = e
+            let Some(line) = e
                 .span()
                 .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
-                .map(|l| format!(":{l}"))
-                .unwrap_or_default();
-            format!("{file}{line}: {}", e.message())
+            else {
+                return format!("{file}: {}", e.message());
+            };
+            // The line itself, so the message names the key whose value was refused.
+            match text.lines().nth(line - 1).map(str::trim) {
+                Some(shown) if !shown.is_empty() && shown.chars().count() <= 120 => {
+                    format!("{file}:{line}: `{shown}`: {}", e.message())
+                }
+                _ => format!("{file}:{line}: {}", e.message()),
+            }
         })
     }
 
