@@ -26,6 +26,10 @@ use sqlx::{AssertSqlSafe, Connection};
 
 pub const INSTALL: &str = "apt-get install -y pgbouncer";
 
+/// How long a statement or connection of these helpers may take: a stuck server or pooler
+/// fails the test instead of hanging it.
+const WAIT: Duration = Duration::from_secs(30);
+
 /// Where `scripts/test` puts the URL of the PgBouncer it started; `off` skips the tests (and
 /// the conformance suite's third backend) that need one.
 pub const POOLER_ENV: &str = "SKILLSTATE_TEST_PGBOUNCER_URL";
@@ -262,17 +266,21 @@ impl Pooler {
         // besides the usual ones.
         let options: sqlx::postgres::PgConnectOptions = admin.parse()?;
         let options = options.extra_float_digits(None).statement_cache_capacity(0);
-        let mut conn = sqlx::PgConnection::connect_with(&options)
+        let mut conn = tokio::time::timeout(WAIT, sqlx::PgConnection::connect_with(&options))
             .await
+            .with_context(|| format!("the PgBouncer admin console at {admin} did not answer within {WAIT:?}"))?
             .with_context(|| {
                 format!(
                     "cannot reach the PgBouncer admin console at {admin}: is {POOLER_ENV} a PgBouncer whose `admin_users` names {user}? ({ENABLE})"
                 )
             })?;
-        let rows = sqlx::raw_sql(AssertSqlSafe("SHOW CONFIG"))
-            .fetch_all(&mut conn)
-            .await
-            .context("SHOW CONFIG on the PgBouncer admin console")?;
+        let rows = tokio::time::timeout(
+            WAIT,
+            sqlx::raw_sql(AssertSqlSafe("SHOW CONFIG")).fetch_all(&mut conn),
+        )
+        .await
+        .with_context(|| format!("SHOW CONFIG on the PgBouncer admin console took over {WAIT:?}"))?
+        .context("SHOW CONFIG on the PgBouncer admin console")?;
         let _ = conn.close().await;
         use sqlx::Row;
         let setting = |key: &str| {
@@ -379,17 +387,26 @@ impl RoleSchema {
     }
 
     async fn run(&self, sql: &str) -> anyhow::Result<()> {
-        let mut conn = sqlx::PgConnection::connect(&self.server_url)
+        let mut conn = tokio::time::timeout(WAIT, sqlx::PgConnection::connect(&self.server_url))
             .await
+            .with_context(|| {
+                format!(
+                    "PostgreSQL at {} did not answer within {WAIT:?}",
+                    self.server_url
+                )
+            })?
             .with_context(|| {
                 format!(
                     "cannot reach PostgreSQL at {}; start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, point SKILLSTATE_TEST_POSTGRES_URL elsewhere, or set it to `off`",
                     self.server_url
                 )
             })?;
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(&mut conn)
-            .await?;
+        tokio::time::timeout(
+            WAIT,
+            sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut conn),
+        )
+        .await
+        .with_context(|| format!("`{sql}` took over {WAIT:?}"))??;
         conn.close().await?;
         Ok(())
     }
