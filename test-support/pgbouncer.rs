@@ -180,7 +180,8 @@ impl Bouncer {
     }
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (PgBouncer and PostgreSQL's programs refuse to).
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
         status
             .lines()

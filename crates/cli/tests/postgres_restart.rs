@@ -10,6 +10,11 @@
 
 mod batch_support;
 mod common;
+// Its `is_root`: PostgreSQL's programs, like PgBouncer, refuse to run as root.
+#[path = "../../../test-support/pgbouncer.rs"]
+mod pgbouncer;
+
+use pgbouncer::is_root;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -44,15 +49,6 @@ fn pg_bin() -> PathBuf {
             "no PostgreSQL server programs (initdb, pg_ctl) under /usr/lib/postgresql: install them (`apt-get install -y postgresql`) or point SKILLSTATE_TEST_PG_BIN at their directory"
         ),
     }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .find(|line| line.starts_with("Uid:"))
-            .is_some_and(|line| line.split_whitespace().nth(1) == Some("0"))
-    })
 }
 
 /// Runs a PostgreSQL program, as `postgres` when this is root (initdb and postgres refuse
