@@ -346,6 +346,34 @@ mod tests {
         assert_eq!(config.store.lease_secs, 30);
     }
 
+    /// Every numeric setting (`CONFIG_RANGES`), given a string: the refusal names the file,
+    /// the line and the key, whichever section it is in.
+    #[test]
+    fn a_value_of_the_wrong_type_is_named_by_its_key() {
+        for range in crate::limits::CONFIG_RANGES {
+            let path: Vec<&str> = range
+                .key
+                .split('.')
+                .map(|part| if part == "*" { "x" } else { part })
+                .collect();
+            let (key, section) = path.split_last().unwrap();
+            // An MCP server needs its command before any of its numbers.
+            let extra = if section.first() == Some(&"mcp") {
+                "command = \"npx\"\n"
+            } else {
+                ""
+            };
+            let text = format!("[{}]\n{extra}{key} = \"many\"\n", section.join("."));
+            let line = 2 + extra.lines().count();
+            let error = Config::from_toml(&text, CONFIG_FILE).unwrap_err();
+            assert!(
+                error.starts_with(&format!("skillstate.toml:{line}")) && error.contains(key),
+                "{}: {error}",
+                range.key
+            );
+        }
+    }
+
     #[test]
     fn the_store_connection_count_is_set_under_store() {
         let defaults = Config::from_toml("", CONFIG_FILE).unwrap();
