@@ -19,7 +19,9 @@ use crate::json::escape_token;
 use crate::output::parse_output;
 use crate::write_only::{SecretValues, WriteOnly};
 
-pub use query::{MAX_LIMIT, MAX_WORDS, QueryProblem, RecallQuery, tokens_of};
+pub use query::{
+    ANCHOR_MIN_CHARS, IndexWord, MAX_LIMIT, MAX_WORDS, QueryProblem, RecallQuery, tokens_of,
+};
 pub use render::{HITS_NOT_SHOWN, render_hits};
 
 /// The built-in tool's name (and source) in `[tools] allow`.
@@ -281,6 +283,12 @@ impl RawHit {
     /// What `reader` may see of this entry, or `None` when it may see nothing of it: a state
     /// write at a write-only location, or an entry that matches the query only through a
     /// value the reader must not see.
+    /// Whether the entry has every word of `query` (an index that looked a word up by its
+    /// anchor found a candidate; see [`IndexWord`]).
+    pub fn matches(&self, query: &RecallQuery) -> bool {
+        query.matches(&self.text)
+    }
+
     pub fn reveal(self, reader: &HitReader<'_>) -> Option<RecallHit> {
         if let Some(pointer) = &self.pointer
             && reader.write_only.covers(pointer)

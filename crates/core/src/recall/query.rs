@@ -222,16 +222,38 @@ impl RecallQuery {
         self
     }
 
-    /// The query as SQLite FTS5 matches it: every word a phrase of its tokens (tokens are
-    /// letters and digits only, so nothing in them is FTS5 syntax). `None` without words.
+    /// How the full-text index looks up each word (see [`IndexWord`]).
+    pub fn index_words(&self) -> Vec<IndexWord<'_>> {
+        self.word_tokens
+            .iter()
+            .map(|tokens| IndexWord::of(tokens))
+            .collect()
+    }
+
+    /// Whether an entry the index finds must still be checked against the words
+    /// ([`RecallQuery::matches`]): some word is looked up by its anchor alone.
+    pub fn needs_check(&self) -> bool {
+        self.index_words()
+            .iter()
+            .any(|word| matches!(word, IndexWord::Anchor(_)))
+    }
+
+    /// Whether `text` has every word of the query, each as its tokens in a row.
+    pub fn matches(&self, text: &str) -> bool {
+        matches_words(text, &self.word_tokens)
+    }
+
+    /// The query as SQLite FTS5 matches it: every word a phrase of its tokens or its anchor
+    /// ([`IndexWord`]; tokens are letters and digits only, so nothing in them is FTS5 syntax).
+    /// `None` without words.
     pub fn fts5_match(&self) -> Option<String> {
         if self.word_tokens.is_empty() {
             return None;
         }
         Some(
-            self.word_tokens
+            self.index_words()
                 .iter()
-                .map(|tokens| format!("\"{}\"", tokens.join(" ")))
+                .map(|word| format!("\"{}\"", word.tokens().join(" ")))
                 .collect::<Vec<_>>()
                 .join(" AND "),
         )
@@ -258,6 +280,47 @@ fn step_number(value: &Value, field: &str) -> Result<u64, QueryProblem> {
         .as_u64()
         .filter(|n| *n <= i64::MAX as u64)
         .ok_or_else(|| problem(field, "must be a step number (a whole number, 0 or more)"))
+}
+
+/// How the full-text index looks a word up.
+///
+/// A word of several tokens is a phrase, and a phrase is as slow as its most common token: the
+/// index walks that token's list to check positions. An identifier such as `item_4298` is the
+/// tokens `item` and `4298`, and `item` is on nearly every entry of a warehouse's journal, so
+/// the phrase grew with the journal (FTS5: 10 times a single token's time on 50,000 entries; on
+/// PostgreSQL the GIN index intersects both lists). Such a word is looked up by its anchor —
+/// its longest token with a digit, when that has at least [`ANCHOR_MIN_CHARS`] characters (a
+/// number that specific is rare) — and the entries found are checked for the whole word
+/// ([`RecallQuery::matches`]), so a search finds exactly the entries the phrase finds. Words
+/// without such a token (`the item`, `item_7`) stay phrases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexWord<'a> {
+    Phrase(&'a [String]),
+    Anchor(&'a String),
+}
+
+/// The shortest token a word is looked up by alone.
+pub const ANCHOR_MIN_CHARS: usize = 3;
+
+impl<'a> IndexWord<'a> {
+    fn of(tokens: &'a [String]) -> Self {
+        if tokens.len() < 2 {
+            return Self::Phrase(tokens);
+        }
+        tokens
+            .iter()
+            .filter(|t| t.chars().any(|c| c.is_numeric()) && t.chars().count() >= ANCHOR_MIN_CHARS)
+            .max_by_key(|t| t.chars().count())
+            .map_or(Self::Phrase(tokens), Self::Anchor)
+    }
+
+    /// The tokens the index is asked for, in order.
+    pub fn tokens(&self) -> &'a [String] {
+        match self {
+            Self::Phrase(tokens) => tokens,
+            Self::Anchor(token) => std::slice::from_ref(*token),
+        }
+    }
 }
 
 /// The tokens of `text` as the index sees them: runs of letters and digits, lower-cased.

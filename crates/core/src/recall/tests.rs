@@ -87,13 +87,47 @@ fn a_huge_patch_adds_a_bounded_number_of_entries_of_bounded_size() {
 }
 
 #[test]
+fn an_identifier_is_looked_up_by_its_number_and_checked_whole() {
+    let q = RecallQuery::from_args(&json!({"query": "order-2026-item_4298 the item item_7"}))
+        .expect("query");
+    let words: Vec<Vec<&str>> = q
+        .index_words()
+        .iter()
+        .map(|w| w.tokens().iter().map(String::as_str).collect())
+        .collect();
+    // The longest token with a digit (of equal lengths, the last), words of one token, and a
+    // number too short to be specific (the word stays a phrase).
+    assert_eq!(
+        words,
+        [vec!["4298"], vec!["the"], vec!["item"], vec!["item", "7"]]
+    );
+    assert!(matches!(q.index_words()[0], IndexWord::Anchor(_)));
+    assert!(q.needs_check());
+    let exact = RecallQuery::from_args(&json!({"query": "item_4298"})).expect("query");
+    assert!(exact.matches("Moved item_4298 from shelf_1 to shelf_2."));
+    assert!(exact.matches("ITEM-4298 arrived"));
+    // The anchor alone is not the word: `4298` elsewhere, or the tokens apart or reversed.
+    for text in [
+        "shelf_4298 is empty",
+        "item 17, 4298 units",
+        "4298_item",
+        "item4298",
+    ] {
+        assert!(!exact.matches(text), "{text}");
+    }
+    let phrases = RecallQuery::from_args(&json!({"query": "the item"})).expect("query");
+    assert!(!phrases.needs_check());
+}
+
+#[test]
 fn queries_are_words_and_never_syntax() {
     let q = RecallQuery::from_args(&json!({"query": "item_4298 \"OR\" shelf-12 NEAR(x"}))
         .expect("query");
     assert_eq!(
         q.fts5_match().as_deref(),
-        Some(r#""item 4298" AND "or" AND "shelf 12" AND "near x""#)
+        Some(r#""4298" AND "or" AND "shelf 12" AND "near x""#)
     );
+    assert!(q.needs_check());
     assert_eq!(q.limit, 5);
     for (args, field) in [
         (json!({}), "/query"),

@@ -1,5 +1,5 @@
 //! Searching the recall index on PostgreSQL: full-text search (`simple` configuration, each
-//! word a phrase: `phraseto_tsquery`) over the GIN-indexed `words` column, or the entries'
+//! word a phrase: `phraseto_tsquery`, or its anchor, checked whole after: `IndexWord`) over the GIN-indexed `words` column, or the entries'
 //! pointer index for a location alone.
 
 use skillstate_core::recall::{HitCursor, RawHit, RecallQuery};
@@ -7,10 +7,25 @@ use sqlx::Row;
 
 use super::PostgresStore;
 use crate::Result;
-use crate::recall_rows::raw_hit;
+use crate::recall_rows::{checked_search, raw_hit};
 
 impl PostgresStore {
     pub(super) async fn search_index(
+        &self,
+        task: &str,
+        query: &RecallQuery,
+        after: Option<HitCursor>,
+        limit: usize,
+    ) -> Result<Vec<RawHit>> {
+        checked_search(query, after, limit, |after, n| {
+            self.search_candidates(task, query, after, n)
+        })
+        .await
+    }
+
+    /// The index's candidates for `query` (its words looked up as `RecallQuery::index_words`
+    /// says), in the search's order.
+    async fn search_candidates(
         &self,
         task: &str,
         query: &RecallQuery,
@@ -26,9 +41,9 @@ impl PostgresStore {
             next += 1;
             format!("${n}")
         };
-        if !query.word_tokens.is_empty() {
-            let words: Vec<String> = query
-                .word_tokens
+        let index_words = query.index_words();
+        if !index_words.is_empty() {
+            let words: Vec<String> = index_words
                 .iter()
                 .map(|_| format!("phraseto_tsquery('simple', {})", param()))
                 .collect();
@@ -77,9 +92,10 @@ impl PostgresStore {
             );
         }
         let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(task);
-        // Each word as its tokens, the way the `words` column was built from the text.
-        for tokens in &query.word_tokens {
-            statement = statement.bind(tokens.join(" "));
+        // Each word as its tokens (or its anchor), the way the `words` column was built from
+        // the text.
+        for word in &index_words {
+            statement = statement.bind(word.tokens().join(" "));
         }
         if let Some(pointer) = &query.pointer {
             statement = statement

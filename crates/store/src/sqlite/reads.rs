@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row};
 use serde_json::Value;
 use skillstate_core::{ContextStrategy, SkillDefinition, ToolSpec};
@@ -369,6 +370,12 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
     )?;
     conn.busy_timeout(BUSY)?;
     conn.pragma_update(None, "query_only", true)?;
+    // A cached statement is planned once. Without the query planner stability guarantee,
+    // SQLite (built with STAT4) marks a statement whose plan looked at a bound value (a range
+    // on an indexed column, a LIMIT) as expired at every bind and compiles it again at its
+    // next step: that was 28% of a recall search (`cargo bench -p skillstate-store --bench
+    // recall`). The statements here are written for the plan they get.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     conn.set_prepared_statement_cache_capacity(16);
     Ok(conn)
 }

@@ -485,6 +485,84 @@ async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::
     .await
 }
 
+/// An identifier is looked up by its number and checked whole: entries that hold the number
+/// elsewhere (another shelf, a longer number, the tokens apart or reversed) are never hits,
+/// however the pages fall and however many of them come between the hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identifier_finds_exactly_its_own_entries_between_decoys() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({});
+        let task = store.create_task(new_task(), &initial).await?.id;
+        let decoys = [
+            "shelf_4298 is empty",
+            "item_42985 arrived",
+            "4298 units of item_1",
+            "4298_item is not a name",
+            "item 17 and 4298 apart",
+        ];
+        let mut state = initial.clone();
+        let mut expected = Vec::new();
+        for n in 1..=36u64 {
+            let observation = if n % 6 == 0 {
+                let text = format!("step {n}: item_4298 stored on shelf_{}", n % 4);
+                expected.push((n + 1, text.clone()));
+                text
+            } else {
+                format!("step {n}: {}", decoys[n as usize % decoys.len()])
+            };
+            state = step(
+                store.as_ref(),
+                &task,
+                n,
+                &state,
+                ("noted", json!({"n": n}), "wait", json!({})),
+                &observation,
+            )
+            .await?;
+        }
+        expected.reverse();
+        let query = RecallQuery {
+            kinds: vec![RecallKind::Observation],
+            ..words("ITEM-4298")
+        };
+        assert!(
+            query.needs_check(),
+            "the identifier is looked up by its anchor"
+        );
+        for page in [1, 2, 5, 50] {
+            let hits = found(store.as_ref(), &task, &query, page).await?;
+            assert_eq!(
+                hits.iter()
+                    .map(|(step, _, text)| (*step, text.clone()))
+                    .collect::<Vec<_>>(),
+                expected,
+                "pages of {page}"
+            );
+        }
+        // Two words, both identifiers: only entries with both.
+        let both = RecallQuery {
+            kinds: vec![RecallKind::Observation],
+            ..words("item_4298 shelf_2")
+        };
+        let hits = found(store.as_ref(), &task, &both, 3).await?;
+        assert_eq!(
+            hits.iter().map(|(step, _, _)| *step).collect::<Vec<_>>(),
+            [31, 19, 7]
+        );
+        // The number alone is a word of its own and finds the decoys too: the six hits and the
+        // 24 decoys that have the token (not those with `item_42985`, n % 5 == 1).
+        let number = RecallQuery {
+            kinds: vec![RecallKind::Observation],
+            ..words("4298")
+        };
+        assert!(!number.needs_check());
+        assert_eq!(found(store.as_ref(), &task, &number, 50).await?.len(), 30);
+        anyhow::Ok(())
+    })
+    .await
+}
+
 /// Two tasks whose steps interleave, one short and one long: each finds its own entries only,
 /// newest first, whether its search reads the index from its first entry on alone (the long
 /// task: most of that part is its own) or also intersects with its key (the short one, whose
