@@ -55,11 +55,27 @@ pub struct StateWrite<'a> {
 /// thread the caller likes: the service makes it off its async workers, under its work
 /// deadline, and abandons it at the deadline (it writes nothing). The write then only reads,
 /// checks versions and pending actions in their usual order, and commits.
-#[derive(Debug, Clone)]
+///
+/// The write takes the outcome (its new state is the step's) instead of copying it: a check is
+/// used once, and a write that has to read the task again checks the patch itself.
+#[derive(Debug)]
 pub struct PatchCheck {
     task: String,
     version: u64,
-    outcome: Result<AcceptedPatch, Vec<Rejection>>,
+    outcome: Mutex<Option<Result<AcceptedPatch, Vec<Rejection>>>>,
+}
+
+impl PatchCheck {
+    /// The outcome, for the task and version it was made for, unless a write took it already.
+    fn take_for(&self, task: &TaskState) -> Option<Result<AcceptedPatch, Vec<Rejection>>> {
+        if self.task != task.id || self.version != task.version {
+            return None;
+        }
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
 }
 
 /// Checks `patch` against `task` as its write will (see [`PatchCheck`]).
@@ -68,13 +84,13 @@ pub fn check_patch_ahead(task: &TaskState, patch: &Value) -> Result<PatchCheck, 
     Ok(PatchCheck {
         task: task.id.clone(),
         version: task.version,
-        outcome: validate_patch(
+        outcome: Mutex::new(Some(validate_patch(
             &schema,
             task.state_tokens,
             &task.state,
             patch,
             &schema.whole_view(),
-        ),
+        ))),
     })
 }
 
@@ -311,11 +327,8 @@ async fn prepare(
             what,
         });
     }
-    let ahead = write
-        .checked
-        .filter(|check| check.task == task.id && check.version == task.version);
-    let outcome = match ahead {
-        Some(check) => check.outcome.clone(),
+    let outcome = match write.checked.and_then(|check| check.take_for(task)) {
+        Some(outcome) => outcome,
         None => {
             let schema = compiled_schema(task)?;
             validate_patch(

@@ -195,15 +195,14 @@ pub async fn patch_state(
     let patch = read_patch(request, &state, "state").await?;
     // The CPU-heavy half (schema compiled, patch checked) off the async workers, under the work
     // deadline; abandoned at the deadline, it writes nothing.
-    let checked = {
-        let (task, patch) = (task.clone(), patch.clone());
-        state
-            .offload
-            .run("checking the patch", async move {
-                check_patch_ahead(&task, &patch)
-            })
-            .await?
-    };
+    // The task and the patch go to the check and come back with it (they are not copied).
+    let (task, patch, checked) = state
+        .offload
+        .run("checking the patch", async move {
+            let checked = check_patch_ahead(&task, &patch);
+            (task, patch, checked)
+        })
+        .await?;
     let written = match checked {
         Ok(checked) => {
             let write = StateWrite {
