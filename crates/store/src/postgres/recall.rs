@@ -7,25 +7,12 @@ use sqlx::Row;
 
 use super::PostgresStore;
 use crate::Result;
-use crate::recall_rows::{checked_search, raw_hit};
+use crate::recall_rows::raw_hit;
 
 impl PostgresStore {
-    pub(super) async fn search_index(
-        &self,
-        task: &str,
-        query: &RecallQuery,
-        after: Option<HitCursor>,
-        limit: usize,
-    ) -> Result<Vec<RawHit>> {
-        checked_search(query, after, limit, |after, n| {
-            self.search_candidates(task, query, after, n)
-        })
-        .await
-    }
-
     /// The index's candidates for `query` (its words looked up as `RecallQuery::index_words`
-    /// says), in the search's order.
-    async fn search_candidates(
+    /// says), in the search's order; `recall_rows::checked_search` makes them hits.
+    pub(super) async fn search_candidates(
         &self,
         task: &str,
         query: &RecallQuery,

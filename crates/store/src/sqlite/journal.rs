@@ -186,6 +186,9 @@ impl Journal for SqliteStore {
         after: Option<skillstate_core::recall::HitCursor>,
         limit: usize,
     ) -> Result<Vec<skillstate_core::recall::RawHit>> {
-        self.search_index(task, query, after, limit).await
+        crate::recall_rows::checked_search(query, after, limit, |after, n| {
+            self.search_candidates(task, query, after, n)
+        })
+        .await
     }
 }

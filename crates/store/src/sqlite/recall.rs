@@ -11,7 +11,7 @@ use sqlx::Row;
 
 use super::SqliteStore;
 use crate::Result;
-use crate::recall_rows::{checked_search, raw_hit, task_key};
+use crate::recall_rows::{raw_hit, task_key};
 
 /// A value bound to a search's statement, in order.
 #[derive(Debug, Clone)]
@@ -24,22 +24,9 @@ pub(super) enum Bind {
 pub(super) type SearchRow = (i64, i64, String, Option<String>, String);
 
 impl SqliteStore {
-    pub(super) async fn search_index(
-        &self,
-        task: &str,
-        query: &RecallQuery,
-        after: Option<HitCursor>,
-        limit: usize,
-    ) -> Result<Vec<RawHit>> {
-        checked_search(query, after, limit, |after, n| {
-            self.search_candidates(task, query, after, n)
-        })
-        .await
-    }
-
     /// The index's candidates for `query` (its words looked up as `RecallQuery::index_words`
-    /// says), in the search's order.
-    async fn search_candidates(
+    /// says), in the search's order; `recall_rows::checked_search` makes them hits.
+    pub(super) async fn search_candidates(
         &self,
         task: &str,
         query: &RecallQuery,
