@@ -280,15 +280,15 @@ impl RawHit {
         }
     }
 
-    /// What `reader` may see of this entry, or `None` when it may see nothing of it: a state
-    /// write at a write-only location, or an entry that matches the query only through a
-    /// value the reader must not see.
     /// Whether the entry has every word of `query` (an index that looked a word up by its
     /// anchor found a candidate; see [`IndexWord`]).
     pub fn matches(&self, query: &RecallQuery) -> bool {
         query.matches(&self.text)
     }
 
+    /// What `reader` may see of this entry, or `None` when it may see nothing of it: a state
+    /// write at a write-only location, or an entry that matches the query only through a
+    /// value the reader must not see.
     pub fn reveal(self, reader: &HitReader<'_>) -> Option<RecallHit> {
         if let Some(pointer) = &self.pointer
             && reader.write_only.covers(pointer)

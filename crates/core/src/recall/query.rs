@@ -233,9 +233,9 @@ impl RecallQuery {
     /// Whether an entry the index finds must still be checked against the words
     /// ([`RecallQuery::matches`]): some word is looked up by its anchor alone.
     pub fn needs_check(&self) -> bool {
-        self.index_words()
+        self.word_tokens
             .iter()
-            .any(|word| matches!(word, IndexWord::Anchor(_)))
+            .any(|tokens| matches!(IndexWord::of(tokens), IndexWord::Anchor(_)))
     }
 
     /// Whether `text` has every word of the query, each as its tokens in a row.
@@ -287,8 +287,8 @@ fn step_number(value: &Value, field: &str) -> Result<u64, QueryProblem> {
 /// A word of several tokens is a phrase, and a phrase is as slow as its most common token: the
 /// index walks that token's list to check positions. An identifier such as `item_4298` is the
 /// tokens `item` and `4298`, and `item` is on nearly every entry of a warehouse's journal, so
-/// the phrase grew with the journal (FTS5: 10 times a single token's time on 50,000 entries; on
-/// PostgreSQL the GIN index intersects both lists). Such a word is looked up by its anchor —
+/// the phrase grew with the journal (on PostgreSQL the GIN index intersects both lists; see
+/// docs/recall.md, "What it costs"). Such a word is looked up by its anchor —
 /// its longest token with a digit, when that has at least [`ANCHOR_MIN_CHARS`] characters (a
 /// number that specific is rare) — and the entries found are checked for the whole word
 /// ([`RecallQuery::matches`]), so a search finds exactly the entries the phrase finds. Words

@@ -241,3 +241,67 @@ fn results_are_cut_to_the_budget_by_whole_hits() {
     let cut = render_hits(&query, &[huge], false, 50);
     assert!(crate::count_tokens(&cut) <= 50, "{cut}");
 }
+
+mod index_words {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Tokens from a small vocabulary, so that words and texts share them often.
+    fn token() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("item".to_owned()),
+            Just("shelf".to_owned()),
+            Just("Item".to_owned()),
+            "[0-9]{1,5}",
+            "[a-z]{1,3}[0-9]{0,3}",
+        ]
+    }
+
+    fn joined(tokens: Vec<String>, separators: Vec<&'static str>) -> String {
+        let mut text = String::new();
+        for (i, token) in tokens.iter().enumerate() {
+            if i > 0 {
+                text.push_str(separators[i % separators.len()]);
+            }
+            text.push_str(token);
+        }
+        text
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the index is asked for a word is a run of that word's own tokens, and an
+        /// entry with the whole word always has it: looking a word up by its anchor never loses
+        /// an entry the phrase would find, and the check then decides exactly as the phrase.
+        #[test]
+        fn an_index_word_never_misses_an_entry_the_word_matches(
+            word in prop::collection::vec(token(), 1..4),
+            joiners in prop::collection::vec(prop_oneof![Just("_"), Just("-"), Just(".")], 1..3),
+            text in prop::collection::vec(token(), 0..12),
+            spaces in prop::collection::vec(prop_oneof![Just(" "), Just("_"), Just(", "), Just("/")], 1..4),
+        ) {
+            let word = joined(word, joiners);
+            let text = joined(text, spaces);
+            let query = RecallQuery::from_args(&json!({"query": word})).expect("a word of tokens");
+            let indexed = query.index_words();
+            prop_assert_eq!(indexed.len(), query.word_tokens.len());
+            let text_tokens = tokens_of(&text);
+            for (index_word, tokens) in indexed.iter().zip(&query.word_tokens) {
+                let asked = index_word.tokens();
+                prop_assert!(tokens.windows(asked.len()).any(|w| w == asked), "{asked:?} of {tokens:?}");
+                if query.matches(&text) {
+                    prop_assert!(
+                        text_tokens.windows(asked.len()).any(|w| w == asked),
+                        "{text:?} matches {word:?} but lacks {asked:?}"
+                    );
+                }
+            }
+            prop_assert_eq!(
+                query.needs_check(),
+                indexed.iter().any(|w| matches!(w, IndexWord::Anchor(_)))
+            );
+        }
+    }
+}

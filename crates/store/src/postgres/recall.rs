@@ -1,6 +1,6 @@
 //! Searching the recall index on PostgreSQL: full-text search (`simple` configuration, each
-//! word a phrase: `phraseto_tsquery`, or its anchor, checked whole after: `IndexWord`) over the GIN-indexed `words` column, or the entries'
-//! pointer index for a location alone.
+//! word a phrase: `phraseto_tsquery`, or its anchor, checked whole after: `IndexWord`) over the
+//! GIN-indexed `words` column, or the entries' pointer index for a location alone.
 
 use skillstate_core::recall::{HitCursor, RawHit, RecallQuery};
 use sqlx::Row;
