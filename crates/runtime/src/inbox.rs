@@ -216,9 +216,8 @@ impl Runner<'_> {
     ) -> Result<Option<skillstate_store::IntentRecord>, RuntimeError> {
         Ok(self
             .store
-            .intents(&task.id)
+            .intent(&task.id, task.version)
             .await?
-            .into_iter()
-            .find(|i| i.step == task.version && !i.done))
+            .filter(|i| !i.done))
     }
 }

@@ -51,10 +51,9 @@ impl Runner<'_> {
         let task = self.store.task(task_id).await?;
         let pending = self
             .store
-            .intents(&task.id)
+            .intent(&task.id, task.version)
             .await?
-            .into_iter()
-            .find(|i| i.step == task.version && !i.done);
+            .filter(|i| !i.done);
         match pending {
             Some(intent) if task.status == status => Ok((task, intent)),
             _ => Err(RuntimeError::StoredTask {

@@ -166,8 +166,7 @@ impl Runner<'_> {
         if version == 0 || self.store.observation(task, version + 1).await?.is_some() {
             return Ok(false);
         }
-        let intents = self.store.intents(task).await?;
-        let Some(intent) = intents.iter().find(|i| i.step == version && !i.done) else {
+        let Some(intent) = self.store.intent(task, version).await?.filter(|i| !i.done) else {
             return Ok(false);
         };
         let known = format!(

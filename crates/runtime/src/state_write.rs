@@ -368,11 +368,7 @@ pub(crate) async fn pending_action(
     version: u64,
     status: skillstate_store::TaskStatus,
 ) -> Result<Option<(u64, &'static str)>, StoreError> {
-    let pending = store
-        .intents(task)
-        .await?
-        .into_iter()
-        .find(|i| i.step == version && !i.done);
+    let pending = store.intent(task, version).await?.filter(|i| !i.done);
     Ok(pending.map(|intent| {
         let what = match status {
             skillstate_store::TaskStatus::AwaitingApproval => "waiting for approval",

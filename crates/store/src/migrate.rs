@@ -93,6 +93,11 @@ pub const SQLITE: &[Migration] = &[
         name: "recall_deferred",
         sql: include_str!("../migrations/sqlite/0016_recall_deferred.sql"),
     },
+    Migration {
+        version: 17,
+        name: "carried_observations",
+        sql: include_str!("../migrations/sqlite/0017_carried_observations.sql"),
+    },
 ];
 
 pub const POSTGRES: &[Migration] = &[

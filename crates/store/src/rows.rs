@@ -229,6 +229,28 @@ where
     })
 }
 
+/// An action intent's row (`SELECT * FROM intents`), on either backend.
+pub(crate) fn intent_from_row<R: Row>(row: &R) -> Result<IntentRecord>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let status: String = row.try_get("status")?;
+    Ok(IntentRecord {
+        step: row.try_get::<i64, _>("step")? as u64,
+        tool: row.try_get("tool")?,
+        args: decode("intent args", &row.try_get::<String, _>("args")?)?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        side_effect: row.try_get("side_effect")?,
+        done: status == "done",
+        ok: row.try_get("ok")?,
+        result: row.try_get("result")?,
+    })
+}
+
 /// One line of the task list; an unreadable status or column degrades this row only.
 pub(crate) fn summary_from_row<R: Row>(row: &R) -> TaskSummary
 where

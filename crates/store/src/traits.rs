@@ -128,6 +128,9 @@ pub trait Journal: Send + Sync {
     /// Every recorded observation as `(step, text)`, in step order.
     async fn observations(&self, task: &str) -> Result<Vec<(u64, String)>>;
     async fn intents(&self, task: &str) -> Result<Vec<IntentRecord>>;
+    /// The action intent of `task` at `step`, if any: one row, however long the history
+    /// (what a write or a pause asks before it goes on).
+    async fn intent(&self, task: &str, step: u64) -> Result<Option<IntentRecord>>;
     /// The latest snapshot at or before `step`, as `(step, state)`; `None` when gc compacted
     /// everything up to there away.
     async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>>;

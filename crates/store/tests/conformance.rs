@@ -600,6 +600,11 @@ async fn a_step_commits_journal_state_and_intent_and_its_result_the_next_observa
             store.intents(&task.id).await?,
             std::slice::from_ref(&pending)
         );
+        // The point read agrees, and finds nothing where no intent is.
+        assert_eq!(store.intent(&task.id, 1).await?, Some(pending.clone()));
+        assert_eq!(store.intent(&task.id, 0).await?, None);
+        assert_eq!(store.intent(&task.id, 2).await?, None);
+        assert_eq!(store.intent("no-such-task", 1).await?, None);
         // Step 1 is not a multiple of 2: no snapshot yet.
         assert_eq!(
             store.snapshot_before(&task.id, 1).await?,
@@ -616,6 +621,7 @@ async fn a_step_commits_journal_state_and_intent_and_its_result_the_next_observa
             ..pending
         };
         assert_eq!(store.intents(&task.id).await?, std::slice::from_ref(&done));
+        assert_eq!(store.intent(&task.id, 1).await?, Some(done.clone()));
         assert_eq!(
             store.observations(&task.id).await?,
             [(1, "start".to_owned()), (2, "observation 2".to_owned())]

@@ -139,12 +139,7 @@ pub async fn get_step(
     if answers.is_empty() {
         return Err(missing_step(&state, &task, step).await);
     }
-    let intent = state
-        .store
-        .intents(&task.id)
-        .await?
-        .into_iter()
-        .find(|i| i.step == step);
+    let intent = state.store.intent(&task.id, step).await?;
     let observation = state.store.observation(&task.id, step).await?;
     let redaction = Redaction::of_history(state.store.as_ref(), &task, Some(&journal)).await?;
     Ok(axum::Json(StepDetail {

@@ -13,7 +13,7 @@ use super::PostgresStore;
 use super::events::insert_events;
 use super::step_fn::{self, LeaseCheck};
 use crate::model::*;
-use crate::rows::{decode, entry_from_row, extent_from_row, to_json, verdict_str};
+use crate::rows::{decode, entry_from_row, extent_from_row, intent_from_row, to_json, verdict_str};
 use crate::service_rows::{OldStatus, action_data, rejected_data, status_data};
 use crate::spec_texts::SpecTexts;
 use crate::{Journal, Result, StoreError, now_millis};
@@ -461,21 +461,16 @@ impl Journal for PostgresStore {
             .bind(task)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let status: String = row.try_get("status")?;
-                Ok(IntentRecord {
-                    step: row.try_get::<i64, _>("step")? as u64,
-                    tool: row.try_get("tool")?,
-                    args: decode("intent args", &row.try_get::<String, _>("args")?)?,
-                    idempotency_key: row.try_get("idempotency_key")?,
-                    side_effect: row.try_get("side_effect")?,
-                    done: status == "done",
-                    ok: row.try_get("ok")?,
-                    result: row.try_get("result")?,
-                })
-            })
-            .collect()
+        rows.iter().map(intent_from_row).collect()
+    }
+
+    async fn intent(&self, task: &str, step: u64) -> Result<Option<IntentRecord>> {
+        let row = sqlx::query("SELECT * FROM intents WHERE task_id = $1 AND step = $2")
+            .bind(task)
+            .bind(step as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(intent_from_row).transpose()
     }
 
     async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>> {

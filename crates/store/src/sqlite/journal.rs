@@ -9,7 +9,7 @@ use super::SqliteStore;
 use super::ops::Write;
 use super::ops_steps::{ActionDone, Rejection, Status, Step};
 use crate::model::*;
-use crate::rows::{decode, entry_from_row, extent_from_row, to_json};
+use crate::rows::{decode, entry_from_row, extent_from_row, intent_from_row, to_json};
 use crate::{Journal, Result, StoreError, now_millis};
 
 #[async_trait]
@@ -99,21 +99,19 @@ impl Journal for SqliteStore {
             .bind(task)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let status: String = row.try_get("status")?;
-                Ok(IntentRecord {
-                    step: row.try_get::<i64, _>("step")? as u64,
-                    tool: row.try_get("tool")?,
-                    args: decode("intent args", &row.try_get::<String, _>("args")?)?,
-                    idempotency_key: row.try_get("idempotency_key")?,
-                    side_effect: row.try_get("side_effect")?,
-                    done: status == "done",
-                    ok: row.try_get("ok")?,
-                    result: row.try_get("result")?,
-                })
-            })
-            .collect()
+        rows.iter().map(intent_from_row).collect()
+    }
+
+    async fn intent(&self, task: &str, step: u64) -> Result<Option<IntentRecord>> {
+        if let Some(intent) = self.readers.intent(task, step) {
+            return intent;
+        }
+        let row = sqlx::query("SELECT * FROM intents WHERE task_id = ? AND step = ?")
+            .bind(task)
+            .bind(step as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(intent_from_row).transpose()
     }
 
     async fn snapshot_before(&self, task: &str, step: u64) -> Result<Option<(u64, Value)>> {

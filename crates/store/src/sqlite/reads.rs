@@ -327,39 +327,63 @@ impl Readers {
             conn.prepare_cached(
                 "SELECT step, tool, args, idempotency_key, side_effect, status, ok, result FROM intents WHERE task_id = ? ORDER BY step",
             )?
-            .query_map([task], |row| {
-                Ok((
-                    row.get::<_, i64>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, String>(3)?,
-                    row.get::<_, String>(4)?,
-                    row.get::<_, String>(5)?,
-                    row.get::<_, Option<bool>>(6)?,
-                    row.get::<_, Option<String>>(7)?,
-                ))
-            })?
+            .query_map([task], intent_row)?
             .collect::<rusqlite::Result<Vec<_>>>()
         })?;
-        Some(
-            rows.into_iter()
-                .map(
-                    |(step, tool, args, idempotency_key, side_effect, status, ok, result)| {
-                        Ok(IntentRecord {
-                            step: step as u64,
-                            tool,
-                            args: decode("intent args", &args)?,
-                            idempotency_key,
-                            side_effect,
-                            done: status == "done",
-                            ok,
-                            result,
-                        })
-                    },
-                )
-                .collect(),
-        )
+        Some(rows.into_iter().map(decode_intent).collect())
     }
+
+    /// `task`'s action intent at `step`, if there is one: a point read, whatever the length of
+    /// the task's history.
+    pub(super) fn intent(&self, task: &str, step: u64) -> Option<Result<Option<IntentRecord>>> {
+        let row = self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT step, tool, args, idempotency_key, side_effect, status, ok, result FROM intents WHERE task_id = ? AND step = ?",
+            )?
+            .query_row(rusqlite::params![task, step as i64], intent_row)
+            .optional()
+        })?;
+        Some(row.map(decode_intent).transpose())
+    }
+}
+
+/// An intent's columns as read, before its arguments are decoded.
+type IntentRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<bool>,
+    Option<String>,
+);
+
+fn intent_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<IntentRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+    ))
+}
+
+fn decode_intent(row: IntentRow) -> Result<IntentRecord> {
+    let (step, tool, args, idempotency_key, side_effect, status, ok, result) = row;
+    Ok(IntentRecord {
+        step: step as u64,
+        tool,
+        args: decode("intent args", &args)?,
+        idempotency_key,
+        side_effect,
+        done: status == "done",
+        ok,
+        result,
+    })
 }
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {

@@ -443,6 +443,119 @@ async fn a_recall_result_is_not_indexed_again() -> anyhow::Result<()> {
     .await
 }
 
+/// A state write (a step with an author) at `version`, carrying `observation` over to the step
+/// after it with a note, as the runtime's `authored_step` does.
+async fn authored(
+    store: &dyn Store,
+    task: &str,
+    version: u64,
+    state: &Value,
+    patch: Value,
+    observation: &str,
+) -> anyhow::Result<Value> {
+    let mut commit = step_commit(version + 1, state, patch, false);
+    commit.entry.author = Some("key-1".into());
+    commit.next_observation = Some(format!(
+        "{observation}\n\n(The state was changed outside this task since the last step.)"
+    ));
+    store.commit_unleased_step(task, version, &commit).await?;
+    Ok(commit.new_state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observation_carried_over_a_state_write_is_not_indexed_again() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let (task, state) = warehouse_history(store.as_ref()).await?;
+        let observed = "Success: stored. Customer ordered item_42.";
+        // Three writes in a row: the observation of step 4 moves to step 5, 6, then 7.
+        let mut state = state;
+        for (version, shelf) in [(3, "shelf_1"), (4, "shelf_2"), (5, "shelf_3")] {
+            let carried = store
+                .observation(&task, version + 1)
+                .await?
+                .context("the observation to carry")?;
+            assert!(carried.starts_with(observed), "{carried}");
+            state = authored(
+                store.as_ref(),
+                &task,
+                version,
+                &state,
+                json!({"inventory": {shelf: "item_88"}}),
+                observed,
+            )
+            .await?;
+        }
+        assert!(
+            store
+                .observation(&task, 7)
+                .await?
+                .is_some_and(|o| o.contains("changed outside"))
+        );
+        // Found once, at the step it was observed; the note is no fact of the task's.
+        let hits = found(store.as_ref(), &task, &words("ordered"), 50).await?;
+        assert_eq!(
+            hits.iter().map(|(s, k, _)| (*s, *k)).collect::<Vec<_>>(),
+            vec![(4, RecallKind::Observation)],
+            "{hits:#?}"
+        );
+        assert!(
+            found(store.as_ref(), &task, &words("outside"), 50)
+                .await?
+                .is_empty()
+        );
+        // What the writes wrote is indexed as any step's state.
+        assert_eq!(
+            found(store.as_ref(), &task, &words("item_88"), 50)
+                .await?
+                .iter()
+                .map(|(s, k, _)| (*s, *k))
+                .collect::<Vec<_>>(),
+            vec![
+                (6, RecallKind::State),
+                (5, RecallKind::State),
+                (4, RecallKind::State)
+            ]
+        );
+        // The model's next step and what it observes are indexed as before, the carried
+        // observation's text included when a model step produced it.
+        step(
+            store.as_ref(),
+            &task,
+            7,
+            &state,
+            (
+                "Pick item_42 for the order.",
+                json!({}),
+                "pick",
+                json!({"item": "item_42"}),
+            ),
+            observed,
+        )
+        .await?;
+        assert_eq!(
+            found(store.as_ref(), &task, &words("ordered"), 50)
+                .await?
+                .iter()
+                .map(|(s, k, _)| (*s, *k))
+                .collect::<Vec<_>>(),
+            vec![(8, RecallKind::Observation), (4, RecallKind::Observation)]
+        );
+        // A fork copies the index as it stands: the carried copies stay out there too.
+        let fork = store.fork_task(&task, 6, &state, None).await?;
+        assert_eq!(
+            found(store.as_ref(), &fork.id, &words("ordered"), 50)
+                .await?
+                .iter()
+                .map(|(s, k, _)| (*s, *k))
+                .collect::<Vec<_>>(),
+            vec![(4, RecallKind::Observation)]
+        );
+        anyhow::Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
