@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use skillstate_core::{AcceptedPatch, Rejection, StateSchema, validate_patch};
 use skillstate_store::{
-    JournalEntry, LeaseInfo, LeasedWrite, StepCommit, Store, StoreError, TaskRecord, TaskState,
-    Verdict,
+    JournalEntry, LeaseInfo, LeasedWrite, NextObservation, StepCommit, Store, StoreError,
+    TaskRecord, TaskState, Verdict,
 };
 
 use crate::lease::{HeldLease, LeasePolicy, holder_is_gone};
@@ -342,8 +342,6 @@ async fn prepare(
     };
     let accepted = outcome.map_err(|rejections| StateWriteError::Rejected { rejections })?;
     let commit = authored_step(
-        store,
-        &task.id,
         task.version + 1,
         AuthoredStep {
             output: write.patch.to_string(),
@@ -353,8 +351,7 @@ async fn prepare(
             author: write.author,
             note: CHANGED_NOTE,
         },
-    )
-    .await?;
+    );
     Ok(Prepared { commit })
 }
 
@@ -393,24 +390,12 @@ pub(crate) struct AuthoredStep<'a> {
     pub(crate) note: &'a str,
 }
 
-/// The commit of `written` as step `step` of `task`: an accepted journal row with its author
-/// and no prompt, the observation the next model step would have read carried over to the
-/// step after it with the note added (once).
-pub(crate) async fn authored_step(
-    store: &dyn Store,
-    task: &str,
-    step: u64,
-    written: AuthoredStep<'_>,
-) -> Result<StepCommit, StoreError> {
-    let carried = store.observation(task, step).await?.unwrap_or_default();
-    let next_observation = if carried.ends_with(written.note) {
-        carried
-    } else if carried.is_empty() {
-        written.note.to_owned()
-    } else {
-        format!("{carried}\n\n{}", written.note)
-    };
-    Ok(StepCommit {
+/// The commit of `written` as step `step`: an accepted journal row with its author and no
+/// prompt, the observation the next model step would have read carried over to the step after
+/// it with the note added (once) — by the store, inside the commit
+/// (`NextObservation::Carried`).
+pub(crate) fn authored_step(step: u64, written: AuthoredStep<'_>) -> StepCommit {
+    StepCommit {
         entry: JournalEntry {
             step,
             attempt: 1,
@@ -433,10 +418,12 @@ pub(crate) async fn authored_step(
         intent: None,
         status: None,
         previous_result: None,
-        next_observation: Some(next_observation),
+        next_observation: Some(NextObservation::Carried {
+            note: written.note.to_owned(),
+        }),
         world: None,
         upgrade: None,
-    })
+    }
 }
 
 /// Compiled state schemas: a task's schema is frozen when it is created, and the tasks of one

@@ -263,15 +263,7 @@ pub async fn upgrade_task(
     if !upgrade.apply {
         return Ok(upgraded);
     }
-    let commit = upgrade_step(
-        store.as_ref(),
-        &task,
-        &upgraded,
-        plan,
-        change,
-        upgrade.author,
-    )
-    .await?;
+    let commit = upgrade_step(&upgraded, plan, change, upgrade.author);
     match store
         .commit_unleased_step(&task.id, task.version, &commit)
         .await
@@ -345,15 +337,7 @@ impl crate::step_loop::Runner<'_> {
             applied: true,
             scheduled: true,
         };
-        let commit = upgrade_step(
-            self.store.as_ref(),
-            task,
-            &upgraded,
-            plan,
-            change,
-            &scheduled.author,
-        )
-        .await?;
+        let commit = upgrade_step(&upgraded, plan, change, &scheduled.author);
         self.check_lease()?;
         self.writer()
             .write(
@@ -369,14 +353,12 @@ impl crate::step_loop::Runner<'_> {
 }
 
 /// The journal step that records `upgraded`.
-async fn upgrade_step(
-    store: &dyn Store,
-    task: &TaskRecord,
+fn upgrade_step(
     upgraded: &Upgraded,
     plan: UpgradePlan,
     change: SkillChange,
     author: &str,
-) -> Result<StepCommit, StoreError> {
+) -> StepCommit {
     let output = json!({
         "upgrade": {
             "from": upgraded.from,
@@ -386,8 +368,6 @@ async fn upgrade_step(
     });
     let note = upgraded_note(&upgraded.from, &upgraded.to);
     let mut commit = authored_step(
-        store,
-        &task.id,
         upgraded.step,
         AuthoredStep {
             output: output.to_string(),
@@ -397,10 +377,9 @@ async fn upgrade_step(
             author,
             note: &note,
         },
-    )
-    .await?;
+    );
     commit.upgrade = Some(change);
-    Ok(commit)
+    commit
 }
 
 /// How reports name the version of `skill` and `tools`.

@@ -154,6 +154,9 @@ pub enum StoreError {
     CommitUnknown { message: String },
     #[error("database error: {0}")]
     Database(sqlx::Error),
+    /// The PostgreSQL store's partitions (schema 18) could not be set up as asked.
+    #[error("partitioning the journal: {message}")]
+    Partitioning { message: String },
 }
 
 /// Every sqlx error becomes a `StoreError` here, and only here: a pooler that breaks prepared

@@ -43,12 +43,14 @@ pub use error::StoreError;
 pub use fenced::LeasedWrite;
 pub use history::state_at;
 pub use inbox::{Inbox, MessageKind, MessageRecord, NewMessage};
+#[doc(hidden)]
+pub use migrate::migrate_postgres_to;
 pub use model::*;
 pub use postgres::{Connections, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS_RANGE, PostgresStore};
 pub use queue::*;
 pub use service::*;
 pub use sqlite::{SqliteStore, Synchronous};
-pub use traits::{Journal, Leases, Release, StorageStats, Store, Tasks};
+pub use traits::{Journal, Leases, Release, RetiredPartition, StorageStats, Store, Tasks};
 
 /// The store's traits, for calling their methods on an `Arc<dyn Store>` or a backend:
 /// `use skillstate_store::prelude::*;`. Imported anonymously, so no name clashes with the

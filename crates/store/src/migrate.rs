@@ -186,7 +186,22 @@ pub const POSTGRES: &[Migration] = &[
         name: "work_notify",
         sql: include_str!("../migrations/postgres/0017_work_notify.sql"),
     },
+    // Runs online, in several transactions (src/postgres/partitions.rs); its SQL is the last
+    // one's.
+    Migration {
+        version: 18,
+        name: "partitions",
+        sql: include_str!("../migrations/postgres/0018_partitions.sql"),
+    },
+    Migration {
+        version: 19,
+        name: "carried_observations",
+        sql: include_str!("../migrations/postgres/0019_carried_observations.sql"),
+    },
 ];
+
+/// The PostgreSQL migration that runs online, in several transactions of its own.
+const POSTGRES_ONLINE: i64 = 18;
 
 /// Key of the transaction-scoped advisory lock that serialises migrations across processes.
 /// Advisory locks are per database, not per schema, so stores in different schemas of one
@@ -370,9 +385,35 @@ fn journal_row_entries(
     skillstate_core::recall::step_entries(output, patch.as_ref(), action.as_ref())
 }
 
-pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
+/// Applies every pending PostgreSQL migration; `transaction_pooler`: the server is reached
+/// through one (no session-level lock can be held then).
+pub async fn migrate_postgres(pool: &PgPool, transaction_pooler: bool) -> Result<(), StoreError> {
+    migrate_postgres_until(pool, i64::MAX, transaction_pooler).await
+}
+
+/// Applies the PostgreSQL migrations up to `target` (tests build databases of an older schema
+/// with it, to migrate them later).
+pub async fn migrate_postgres_to(pool: &PgPool, target: i64) -> Result<(), StoreError> {
+    migrate_postgres_until(pool, target, false).await
+}
+
+async fn migrate_postgres_until(
+    pool: &PgPool,
+    target: i64,
+    transaction_pooler: bool,
+) -> Result<(), StoreError> {
     let supported = POSTGRES.last().map(|m| m.version).unwrap_or(0);
-    for migration in POSTGRES {
+    for migration in POSTGRES.iter().take_while(|m| m.version <= target) {
+        if migration.version == POSTGRES_ONLINE {
+            crate::postgres::migrate_partitions(
+                pool,
+                migration,
+                POSTGRES_MIGRATION_LOCK,
+                transaction_pooler,
+            )
+            .await?;
+            continue;
+        }
         let mut tx = pool.begin().await?;
         // Taken before anything else, including creating schema_migrations: two sessions
         // running `CREATE TABLE IF NOT EXISTS` at once can both pass the existence check and

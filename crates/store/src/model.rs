@@ -179,6 +179,19 @@ pub struct JournalEntry {
     pub board_version: Option<u64>,
 }
 
+/// The observation a step without an action leaves for the step after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextObservation {
+    /// This text.
+    Text(String),
+    /// The observation this step would have started from (the one stored for step
+    /// `expected_version + 1`), carried over to the next step by the store inside the commit,
+    /// with `note` added once: the text unchanged when it already ends with `note`, `note`
+    /// alone when there is none. Read where it is written, so a message delivered into it just
+    /// before is carried too, and the caller reads nothing.
+    Carried { note: String },
+}
+
 /// An action about to run; written in the same transaction as its step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewIntent {
@@ -239,7 +252,7 @@ pub struct StepCommit {
     pub previous_result: Option<ActionResult>,
     /// The observation the next step starts from, for a step with no action to produce one
     /// (state written through the service carries the task's pending observation over).
-    pub next_observation: Option<String>,
+    pub next_observation: Option<NextObservation>,
     /// The environment's checkpoint as of the previous step's result (`expected_version`),
     /// for a step that stops or pauses the task, so that a stopped task's stored world is its
     /// last one; `None` leaves the stored checkpoint as it is.

@@ -79,6 +79,20 @@ pub trait Tasks: Send + Sync {
     async fn compact_task(&self, task: &str, keep_from: u64, state_before: &Value) -> Result<u64>;
     /// Deletes a task and everything it owns.
     async fn delete_task(&self, task: &str) -> Result<()>;
+    /// Deletes whole storage partitions of finished tasks: every partition (PostgreSQL: the
+    /// tasks created in one period, docs/storage.md) whose tasks are all completed or failed
+    /// and last updated before `updated_before` (unix milliseconds) is dropped, and its tasks
+    /// deleted as [`delete_task`](Self::delete_task) deletes one. With `dry_run` nothing
+    /// changes and the partitions that would go are returned. Tasks in no returned partition
+    /// are left to `delete_task`; a backend without partitions (SQLite) returns none.
+    async fn retire_partitions(
+        &self,
+        updated_before: i64,
+        dry_run: bool,
+    ) -> Result<Vec<RetiredPartition>> {
+        let _ = (updated_before, dry_run);
+        Ok(Vec::new())
+    }
     /// Bytes the task occupies, by kind.
     async fn storage_stats(&self, task: &str) -> Result<StorageStats>;
     /// The skill versions `task` ran, oldest first: each from the step it began at (0 for the
@@ -206,6 +220,17 @@ pub trait Leases: Send + Sync {
         expected_version: u64,
         commit: &StepCommit,
     ) -> Result<()>;
+}
+
+/// A storage partition [`Tasks::retire_partitions`] dropped (or would drop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetiredPartition {
+    /// Its name: the tables' suffix (`legacy`, `p20261201000000`).
+    pub name: String,
+    /// The end of its period (unix milliseconds): it held tasks created before.
+    pub to_ms: i64,
+    /// The ids of the tasks deleted with it.
+    pub tasks: Vec<String>,
 }
 
 /// What a task occupies in the store, in bytes of stored text.

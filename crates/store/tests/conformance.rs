@@ -807,9 +807,9 @@ async fn a_step_without_an_action_carries_the_next_observation() -> anyhow::Resu
         let task = store.create_task(new_task(), &initial).await?;
         let mut write = step_commit(1, &initial, json!({"a": 1}), false);
         write.entry.author = Some("key-7".into());
-        write.next_observation = Some("start, carried".into());
+        write.next_observation = Some(NextObservation::Text("start, carried".into()));
         let mut stale = write.clone();
-        stale.next_observation = Some("never".into());
+        stale.next_observation = Some(NextObservation::Text("never".into()));
         match store.commit_step(&task.id, 5, &stale).await {
             Err(StoreError::Conflict { .. }) => {}
             other => bail!("expected Conflict, got {other:?}"),
@@ -1487,8 +1487,8 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 /// seventeenth the triggers that wake idle workers (LISTEN/NOTIFY).
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
-        Backend::Sqlite => 16,
-        Backend::Postgres | Backend::PgBouncer => 17,
+        Backend::Sqlite => 17,
+        Backend::Postgres | Backend::PgBouncer => 19,
     }
 }
 

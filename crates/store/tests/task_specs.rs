@@ -143,7 +143,7 @@ fn state_write(step: u64, new_state: Value) -> StepCommit {
         intent: None,
         status: None,
         previous_result: None,
-        next_observation: Some("start".into()),
+        next_observation: Some(NextObservation::Text("start".into())),
         world: None,
         upgrade: None,
     }

@@ -398,7 +398,32 @@ pub async fn gc(db: &str, args: GcArgs) -> Result<ExitCode> {
     let verb = if args.dry_run { "would" } else { "did" };
     let mut deleted = 0;
     let mut compacted = 0;
+    // Whole partitions first (PostgreSQL: the tasks created in one period, when all qualify);
+    // the tasks left are deleted one by one below.
+    let mut in_dropped = std::collections::HashSet::new();
+    if let Some(age) = args.older_than {
+        let updated_before = i64::try_from(
+            (i128::from(now) - i128::from(age)).clamp(i128::from(i64::MIN), i128::from(i64::MAX)),
+        )
+        .unwrap_or(i64::MIN);
+        for partition in store
+            .retire_partitions(updated_before, args.dry_run)
+            .await?
+        {
+            outln!(
+                "{verb} drop partition {} (tasks created before {}): {} finished task(s)",
+                partition.name,
+                skillstate_store::time::utc(partition.to_ms),
+                partition.tasks.len()
+            );
+            deleted += partition.tasks.len();
+            in_dropped.extend(partition.tasks);
+        }
+    }
     for summary in store.list_tasks().await? {
+        if in_dropped.contains(&summary.id) {
+            continue;
+        }
         if let Some(age) = args.older_than
             && summary.status.is_some_and(TaskStatus::is_terminal)
             && older_than(now, summary.updated_at, age)

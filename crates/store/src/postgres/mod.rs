@@ -26,6 +26,7 @@ mod inbox;
 mod journal;
 mod leases;
 mod lent;
+mod partitions;
 mod queue;
 mod rate;
 mod recall;
@@ -34,6 +35,8 @@ mod service;
 mod step_fn;
 mod tasks;
 mod wake;
+
+pub(crate) use partitions::migrate as migrate_partitions;
 
 /// The server's clock in unix milliseconds, as SQL: leases, claims, backoffs and rate windows
 /// are timed by it, so workers on machines with skewed clocks agree.
@@ -180,14 +183,22 @@ impl PostgresStore {
         .await
         .map_err(open_error)?;
         match mode {
-            OpenMode::ReadWrite => migrate_postgres(pool.pool()).await?,
+            OpenMode::ReadWrite => migrate_postgres(pool.pool(), transaction_pooler).await?,
             OpenMode::Existing => check_postgres(&pool, &redact(url)).await?,
         }
-        Ok(Self {
+        let store = Self {
             pool,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             wake: Default::default(),
-        })
+        };
+        if mode == OpenMode::ReadWrite
+            && let Err(error) = store.ensure_partitions().await
+        {
+            // Rows of tasks whose period has no partition yet go to the DEFAULT partition:
+            // nothing fails, the next open or gc tries again.
+            tracing::warn!(%error, "could not create the next journal partitions");
+        }
+        Ok(store)
     }
 
     /// Writes a full snapshot every `k` steps (`k` ≥ 1).

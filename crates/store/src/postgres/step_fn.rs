@@ -25,10 +25,14 @@ pub(super) enum LeaseCheck<'a> {
     Token(&'a str),
 }
 
-/// The call, with the function's 42 parameters in its order.
+/// The call, with the function's 42 parameters in its order. The next observation ($34) is
+/// the text given, or ($43, a note) the observation step $4 + 1 started from carried over
+/// with the note, read in the same statement (`NextObservation::Carried`, migration 19).
 const CALL: &str = "SELECT * FROM skillstate_commit_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
      $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, \
-     $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42)";
+     $31, $32, $33, \
+     CASE WHEN $43::text IS NULL THEN $34 ELSE skillstate_carried_observation($1, $4 + 1, $43) END, \
+     $35, $36, $37, $38, $39, $40, $41, $42)";
 
 /// SQLSTATEs the function raises after it has written something (the statement rolls back).
 const NO_PENDING_INTENT: &str = "SKI01";
@@ -89,7 +93,10 @@ pub(super) fn call<'q>(
         .bind(intent.map(|i| i.idempotency_key.as_str()))
         .bind(intent.map(|i| i.side_effect.as_str()))
         .bind(snapshot)
-        .bind(commit.next_observation.as_deref())
+        .bind(match &commit.next_observation {
+            Some(NextObservation::Text(text)) => Some(text.as_str()),
+            _ => None,
+        })
         .bind(previous.map(|p| p.step as i64))
         .bind(previous.and_then(|p| (!p.outcome_unknown).then_some(p.ok)))
         .bind(previous.map(|p| p.result.as_str()))
@@ -98,6 +105,10 @@ pub(super) fn call<'q>(
         .bind(delivered)
         .bind(previous.map(action_data))
         .bind(step_data_of(entry))
+        .bind(match &commit.next_observation {
+            Some(NextObservation::Carried { note }) => Some(note.as_str()),
+            _ => None,
+        })
 }
 
 /// The function's refusals as the store's errors; `Ok(messages_waiting)` for a commit.

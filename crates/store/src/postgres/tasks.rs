@@ -13,7 +13,7 @@ use crate::service::TaskOwner;
 use crate::spec_texts::{
     SpecTexts, TaskVersionRow, VersionSummaryRow, stored_version, task_version, version_summary,
 };
-use crate::{Result, StorageStats, StoreError, Tasks, now_millis};
+use crate::{Result, RetiredPartition, StorageStats, StoreError, Tasks, now_millis};
 
 /// Writes the task `id` at version 0 (owned by `owner` when given) with its snapshot, opening
 /// observation and `created` event. Returns `false`, writing nothing, when the owner's tenant
@@ -366,6 +366,14 @@ impl Tasks for PostgresStore {
         }
         super::db::commit(tx).await?;
         Ok(())
+    }
+
+    async fn retire_partitions(
+        &self,
+        updated_before: i64,
+        dry_run: bool,
+    ) -> Result<Vec<RetiredPartition>> {
+        self.retire(updated_before, dry_run).await
     }
 
     async fn task_versions(&self, task: &str) -> Result<Vec<TaskVersion>> {

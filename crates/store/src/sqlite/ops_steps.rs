@@ -136,6 +136,15 @@ impl EntryRow {
     }
 }
 
+/// [`NextObservation::Carried`]: the observation of step ?3 as the observation of step ?2, with
+/// the note ?4 added once.
+const CARRY_OBSERVATION: &str = "INSERT INTO observations (task_id, step, text) \
+     SELECT ?1, ?2, CASE \
+       WHEN o.text IS NULL OR o.text = '' THEN ?4 \
+       WHEN ?4 = '' OR substr(o.text, -length(?4)) = ?4 THEN o.text \
+       ELSE o.text || char(10, 10) || ?4 END \
+     FROM (SELECT (SELECT text FROM observations WHERE task_id = ?1 AND step = ?3) AS text) o";
+
 /// An accepted step: the state at the next version, its journal row, its action intent, and a
 /// snapshot when the step is a multiple of the snapshot interval.
 pub(super) struct Step {
@@ -153,7 +162,7 @@ pub(super) struct Step {
     intent: Option<(String, String, String, String)>,
     /// The previous step's action result, written first.
     previous: Option<ActionDone>,
-    next_observation: Option<String>,
+    next_observation: Option<NextObservation>,
     /// The environment's checkpoint as of `expected_version` (`StepCommit::world`).
     world: Option<String>,
     /// The skill version the task runs from this step on (`StepCommit::upgrade`).
@@ -296,9 +305,22 @@ impl Step {
             )?
             .execute(params![self.task, next, self.state, hash])?;
         }
-        if let Some(text) = &self.next_observation {
-            conn.prepare_cached("INSERT INTO observations (task_id, step, text) VALUES (?, ?, ?)")?
+        match &self.next_observation {
+            Some(NextObservation::Text(text)) => {
+                conn.prepare_cached(
+                    "INSERT INTO observations (task_id, step, text) VALUES (?, ?, ?)",
+                )?
                 .execute(params![self.task, next + 1, text])?;
+            }
+            Some(NextObservation::Carried { note }) => {
+                conn.prepare_cached(CARRY_OBSERVATION)?.execute(params![
+                    self.task,
+                    next + 1,
+                    next,
+                    note
+                ])?;
+            }
+            None => {}
         }
         insert_event(conn, &self.task, "step", &self.event, self.now)?;
         if let (Some(status), Some(before)) = (self.status, &before)

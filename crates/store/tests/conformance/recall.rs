@@ -443,21 +443,20 @@ async fn a_recall_result_is_not_indexed_again() -> anyhow::Result<()> {
     .await
 }
 
-/// A state write (a step with an author) at `version`, carrying `observation` over to the step
-/// after it with a note, as the runtime's `authored_step` does.
+/// A state write (a step with an author) at `version`, carrying the pending observation over
+/// to the step after it with a note, as the runtime's `authored_step` does.
 async fn authored(
     store: &dyn Store,
     task: &str,
     version: u64,
     state: &Value,
     patch: Value,
-    observation: &str,
 ) -> anyhow::Result<Value> {
     let mut commit = step_commit(version + 1, state, patch, false);
     commit.entry.author = Some("key-1".into());
-    commit.next_observation = Some(format!(
-        "{observation}\n\n(The state was changed outside this task since the last step.)"
-    ));
+    commit.next_observation = Some(NextObservation::Carried {
+        note: "(The state was changed outside this task since the last step.)".into(),
+    });
     store.commit_unleased_step(task, version, &commit).await?;
     Ok(commit.new_state)
 }
@@ -482,7 +481,6 @@ async fn an_observation_carried_over_a_state_write_is_not_indexed_again() -> any
                 version,
                 &state,
                 json!({"inventory": {shelf: "item_88"}}),
-                observed,
             )
             .await?;
         }

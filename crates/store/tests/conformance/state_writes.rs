@@ -10,7 +10,10 @@ fn unleased_commit(step: u64, state: &Value, patch: Value) -> StepCommit {
     let mut commit = step_commit(step, state, patch, false);
     commit.entry.action = None;
     commit.entry.author = Some("key-1".into());
-    commit.next_observation = Some(format!("observation {} (changed)", step + 1));
+    commit.next_observation = Some(NextObservation::Text(format!(
+        "observation {} (changed)",
+        step + 1
+    )));
     commit
 }
 
@@ -246,6 +249,76 @@ async fn unleased_writers_never_land_inside_a_runners_lease() -> anyhow::Result<
         let after = store.task(&task.id).await?;
         assert_eq!(after.version, total);
         assert_eq!(store.journal(&task.id).await?.len() as u64, total);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carried_observation_moves_on_with_its_note_added_once() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let note = "(changed from outside)";
+        let carried = |step: u64, state: &Value| {
+            let mut commit = unleased_commit(step, state, json!({ "a": step }));
+            commit.next_observation = Some(NextObservation::Carried { note: note.into() });
+            commit
+        };
+        // The task's opening observation (step 1) goes on to step 2 with the note, and a
+        // second write does not add it again.
+        let task = store.create_task(new_task(), &json!({})).await?;
+        let first = carried(1, &task.state);
+        store.commit_unleased_step(&task.id, 0, &first).await?;
+        let second = carried(2, &first.new_state);
+        store.commit_unleased_step(&task.id, 1, &second).await?;
+        let with_note = format!("start\n\n{note}");
+        assert_eq!(
+            store.observations(&task.id).await?,
+            [
+                (1, "start".to_owned()),
+                (2, with_note.clone()),
+                (3, with_note.clone())
+            ]
+        );
+        // A refused write carries nothing.
+        let stale = carried(2, &first.new_state);
+        assert!(matches!(
+            store.commit_unleased_step(&task.id, 1, &stale).await,
+            Err(StoreError::Conflict { .. })
+        ));
+        assert_eq!(store.observation(&task.id, 4).await?, None);
+
+        // With no observation to carry, the note alone; with an empty one, too.
+        let bare = store
+            .create_task(
+                NewTask {
+                    opening_observation: String::new(),
+                    ..new_task()
+                },
+                &json!({}),
+            )
+            .await?;
+        store
+            .commit_unleased_step(&bare.id, 0, &carried(1, &bare.state))
+            .await?;
+        assert_eq!(store.observation(&bare.id, 2).await?.as_deref(), Some(note));
+        // Text that is not the note's own end gets the note; unicode is counted as characters.
+        let other = store
+            .create_task(
+                NewTask {
+                    opening_observation: "étagère 7 pleine — (changed".into(),
+                    ..new_task()
+                },
+                &json!({}),
+            )
+            .await?;
+        store
+            .commit_unleased_step(&other.id, 0, &carried(1, &other.state))
+            .await?;
+        assert_eq!(
+            store.observation(&other.id, 2).await?,
+            Some(format!("étagère 7 pleine — (changed\n\n{note}"))
+        );
         Ok(())
     })
     .await
