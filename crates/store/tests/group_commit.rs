@@ -8,6 +8,9 @@
 //! step is in the reopened database with its hash, and that every journal is continuous.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../../test-support/store_steps.rs"]
+mod store_steps;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -17,7 +20,6 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 use skillstate_core::json::state_hash;
-use skillstate_core::{ContextStrategy, SkillDefinition};
 use skillstate_store::prelude::*;
 use skillstate_store::*;
 
@@ -27,25 +29,7 @@ const TASKS: usize = 32;
 const KILL_AFTER: usize = 1_500;
 
 fn new_task() -> NewTask {
-    NewTask {
-        skill: SkillDefinition {
-            name: "free".into(),
-            description: "free-form state".into(),
-            metadata: None,
-            procedure: "anything".into(),
-            schema: json!({"type": "object"}),
-            initial_state: json!({}),
-            settings: Default::default(),
-            migrations: Vec::new(),
-        },
-        tools: Vec::new(),
-        context: ContextStrategy::State,
-        context_budget: None,
-        model: "scripted:test".into(),
-        environment: None,
-        env_checkpoint: None,
-        opening_observation: "start".into(),
-    }
+    store_steps::free_task("start".into())
 }
 
 fn state(step: u64) -> Value {

@@ -11,18 +11,18 @@
 
 #[path = "../../../test-support/skip.rs"]
 mod skip;
+#[path = "../../../test-support/store_steps.rs"]
+mod store_steps;
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use skillstate_core::json::state_hash;
 use skillstate_core::recall::RecallQuery;
-use skillstate_core::{ContextStrategy, SkillDefinition, StatePatch};
 use skillstate_store::prelude::*;
 use skillstate_store::{
-    ActionResult, EventQuery, JournalEntry, NewIntent, NewTask, PostgresStore, StepCommit,
-    StoreError, TaskStatus, Verdict, migrate_postgres_to, state_at,
+    ActionResult, EventQuery, NewTask, PostgresStore, StepCommit, StoreError, TaskStatus,
+    migrate_postgres_to, state_at,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgPool};
@@ -92,69 +92,13 @@ async fn drop_schema(url: &str, name: &str) {
     conn.close().await.unwrap();
 }
 
-fn definition() -> SkillDefinition {
-    SkillDefinition {
-        name: "free".into(),
-        description: "free-form state".into(),
-        metadata: None,
-        procedure: "anything".into(),
-        schema: json!({"type": "object"}),
-        initial_state: json!({}),
-        settings: Default::default(),
-        migrations: Vec::new(),
-    }
-}
-
 fn new_task() -> NewTask {
-    NewTask {
-        skill: definition(),
-        tools: Vec::new(),
-        context: ContextStrategy::State,
-        context_budget: None,
-        model: "scripted:test".into(),
-        environment: None,
-        env_checkpoint: None,
-        opening_observation: "start of the shelf count".into(),
-    }
+    store_steps::free_task("start of the shelf count".into())
 }
 
 fn step_commit(step: u64, state: &Value, patch: Value) -> StepCommit {
-    let new_state = StatePatch::from_value(&patch)
-        .unwrap()
-        .apply(state)
-        .unwrap();
-    StepCommit {
-        entry: JournalEntry {
-            step,
-            attempt: 1,
-            verdict: Verdict::Accepted,
-            output: format!("counting shelf {step}: {patch}"),
-            patch: Some(patch.clone()),
-            action: Some(json!({"tool": "store", "args": {"shelf": step}})),
-            errors: None,
-            state_hash: Some(state_hash(&new_state)),
-            prompt_tokens: 1,
-            output_tokens: Some(7),
-            prompt_hash: "x".into(),
-            usage: None,
-            latency_ms: 0,
-            created_at: 0,
-            author: None,
-            board_version: None,
-        },
-        new_state,
-        intent: Some(NewIntent {
-            tool: "store".into(),
-            args: json!({"shelf": step}),
-            idempotency_key: format!("key-{step}"),
-            side_effect: "effectful".into(),
-        }),
-        status: None,
-        previous_result: None,
-        next_observation: None,
-        world: None,
-        upgrade: None,
-    }
+    let output = format!("counting shelf {step}: {patch}");
+    store_steps::accepted_step(step, state, patch, output, json!({"shelf": step}), 0)
 }
 
 /// A task with `steps` accepted steps, each with its action's result; finished when asked.

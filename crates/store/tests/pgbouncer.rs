@@ -14,6 +14,8 @@
 
 #[path = "../../../test-support/skip.rs"]
 mod skip;
+#[path = "../../../test-support/store_steps.rs"]
+mod store_steps;
 
 #[path = "../../../test-support/pgbouncer.rs"]
 mod pgbouncer;
@@ -23,8 +25,6 @@ use std::sync::Arc;
 use anyhow::{Context, bail, ensure};
 use pgbouncer::Bouncer;
 use serde_json::{Value, json};
-use skillstate_core::json::state_hash;
-use skillstate_core::{ContextStrategy, SkillDefinition, StatePatch};
 use skillstate_store::*;
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -111,65 +111,21 @@ impl Schema {
 }
 
 fn new_task(n: usize) -> NewTask {
-    NewTask {
-        skill: SkillDefinition {
-            name: "free".into(),
-            description: "free-form state".into(),
-            metadata: None,
-            procedure: "anything".into(),
-            schema: json!({"type": "object"}),
-            initial_state: json!({}),
-            settings: Default::default(),
-            migrations: Vec::new(),
-        },
-        tools: Vec::new(),
-        context: ContextStrategy::State,
-        context_budget: None,
-        model: "scripted:test".into(),
-        environment: None,
-        env_checkpoint: None,
-        opening_observation: format!("input {n}"),
-    }
+    store_steps::free_task(format!("input {n}"))
 }
 
 fn step_commit(step: u64, state: &Value) -> StepCommit {
     let patch = json!({ format!("k{step}"): step });
-    let new_state = StatePatch::from_value(&patch)
-        .unwrap()
-        .apply(state)
-        .unwrap();
-    StepCommit {
-        entry: JournalEntry {
-            step,
-            attempt: 1,
-            verdict: Verdict::Accepted,
-            output: patch.to_string(),
-            patch: Some(patch.clone()),
-            action: Some(json!({"tool": "store", "args": {"step": step}})),
-            errors: None,
-            state_hash: Some(state_hash(&new_state)),
-            prompt_tokens: 1,
-            output_tokens: Some(7),
-            prompt_hash: "x".into(),
-            usage: None,
-            latency_ms: 0,
-            created_at: 1_700_000_000_000 + step as i64,
-            author: None,
-            board_version: None,
-        },
-        new_state,
-        intent: Some(NewIntent {
-            tool: "store".into(),
-            args: json!({"step": step}),
-            idempotency_key: format!("key-{step}"),
-            side_effect: "effectful".into(),
-        }),
-        status: None,
-        previous_result: None,
-        next_observation: None,
-        world: None,
-        upgrade: None,
-    }
+    let output = patch.to_string();
+    let created_at = 1_700_000_000_000 + step as i64;
+    store_steps::accepted_step(
+        step,
+        state,
+        patch,
+        output,
+        json!({"step": step}),
+        created_at,
+    )
 }
 
 fn action_result(step: u64) -> ActionResult {
