@@ -129,7 +129,15 @@ async fn frozen_runner_loses_its_lease(dir: &Path, db: &str) {
     })
     .await;
 
-    // Frozen until its lease has expired.
+    // Frozen inside a model call (its request in, the answer 300 ms away), not at a random
+    // point: a process stopped inside a SQLite write transaction keeps the database's write
+    // lock, and nobody could take the task over until it woke (a flaky 90 s timeout here).
+    let asked = quick.requests().len();
+    wait_for(LIMIT, "the first run's next model call", async || {
+        (quick.requests().len() > asked).then_some(())
+    })
+    .await;
+    // Until its lease has expired.
     signal(&reaper.0[0], "STOP");
     wait_for(LIMIT, "the frozen run's lease to expire", async || {
         let lease = store.lease(&task).await.ok()??;
