@@ -24,17 +24,27 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- An observation carried over a step someone other than the model wrote (a journal row with an
+-- author: a state write, an upgrade) is not indexed again: it was indexed at the step where it
+-- was observed (the SQLite twin, migrations/sqlite/0017_carried_observations.sql, says why).
 CREATE OR REPLACE FUNCTION skillstate_recall_observation() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
         DELETE FROM recall_entries
          WHERE task_id = OLD.task_id COLLATE "default" AND step = OLD.step AND kind = 'observation';
     END IF;
-    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.text <> '' AND NOT EXISTS (
-        SELECT 1 FROM intents WHERE task_id = NEW.task_id AND step = NEW.step - 1 AND tool = 'recall'
+    IF TG_OP = 'UPDATE' OR TG_OP = 'INSERT' AND NOT EXISTS (
+        SELECT 1 FROM journal
+         WHERE task_id = NEW.task_id AND step = NEW.step - 1 AND author IS NOT NULL
     ) THEN
-        INSERT INTO recall_entries (task_id, step, kind, text)
-        VALUES (NEW.task_id, NEW.step, 'observation', left(NEW.text, 16384));
+        IF NEW.text <> '' AND NOT EXISTS (
+            SELECT 1 FROM intents
+             WHERE task_id = NEW.task_id AND step = NEW.step - 1 AND tool = 'recall'
+        ) THEN
+            INSERT INTO recall_entries (task_id, step, kind, text)
+            VALUES (NEW.task_id, NEW.step, 'observation', left(NEW.text, 16384));
+        END IF;
     END IF;
     RETURN NULL;
 END
