@@ -83,12 +83,20 @@ pub fn install() -> Option<&'static PrometheusHandle> {
 }
 
 fn install_recorder() -> Option<PrometheusHandle> {
-    let built = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), HTTP_DURATION_BUCKETS)
-        .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Full(MODEL_LATENCY.into()), MODEL_LATENCY_BUCKETS)
-        })
-        .and_then(|b| b.install_recorder());
+    let built = [
+        (HTTP_DURATION, HTTP_DURATION_BUCKETS),
+        (MODEL_LATENCY, MODEL_LATENCY_BUCKETS),
+    ]
+    .into_iter()
+    .chain(
+        skillstate_store::metrics::METRICS
+            .iter()
+            .map(|metric| (metric.name, metric.buckets)),
+    )
+    .try_fold(PrometheusBuilder::new(), |builder, (name, buckets)| {
+        builder.set_buckets_for_metric(Matcher::Full(name.into()), buckets)
+    })
+    .and_then(|builder| builder.install_recorder());
     let handle = match built {
         Ok(handle) => handle,
         Err(error) => {
@@ -103,6 +111,9 @@ fn install_recorder() -> Option<PrometheusHandle> {
             MetricKind::Gauge => metrics::describe_gauge!(metric.name, metric.help),
             MetricKind::Histogram => metrics::describe_histogram!(metric.name, metric.help),
         }
+    }
+    for metric in skillstate_store::metrics::METRICS {
+        metrics::describe_histogram!(metric.name, metric.help);
     }
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
@@ -283,6 +294,7 @@ mod tests {
             .iter()
             .chain(METRICS)
             .map(|m| m.name)
+            .chain(skillstate_store::metrics::METRICS.iter().map(|m| m.name))
             .collect();
         assert!(names.iter().all(|n| n.starts_with("skillstate_")));
         let count = names.len();

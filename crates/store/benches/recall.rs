@@ -23,7 +23,16 @@ use skillstate_store::{
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::runtime::Runtime;
 
-const STEPS: u64 = 10_000;
+/// Steps of the journal searched: 10,000 under `cargo bench`; 1,000 when `cargo test
+/// --benches` runs each benchmark once as a smoke test (criterion's test mode, no `--bench`
+/// argument), where filling 10,000 steps twice in a debug build took most of a minute.
+fn steps() -> u64 {
+    if std::env::args().any(|arg| arg == "--bench") {
+        10_000
+    } else {
+        1_000
+    }
+}
 const ITEMS: u64 = 4_000;
 const SHELVES: u64 = 5_000;
 
@@ -69,7 +78,7 @@ async fn fill(store: &dyn Store) -> String {
         .id;
     let mut state = json!({"recent": {}, "handled": 0});
     let mut rng = Lcg(7);
-    for step in 1..=STEPS {
+    for step in 1..=steps() {
         let item = format!("item_{}", rng.next(ITEMS));
         let shelf = format!("shelf_{}", rng.next(SHELVES));
         // A bounded recent-moves index: 20 entries, the oldest evicted.
@@ -199,10 +208,11 @@ fn bench(c: &mut Criterion) {
         .expect("index size");
     let (p50, p99) = runtime.block_on(percentiles(&sqlite, &task));
     println!(
-        "recall/sqlite: {STEPS} steps; search p50 {p50:.0} µs, p99 {p99:.0} µs; index {:.0} bytes/step (entries + FTS5), journal {:.0} bytes/step, observations {:.0} bytes/step",
-        index_bytes as f64 / STEPS as f64,
+        "recall/sqlite: {} steps; search p50 {p50:.0} µs, p99 {p99:.0} µs; index {:.0} bytes/step (entries + FTS5), journal {:.0} bytes/step, observations {:.0} bytes/step",
+        steps(),
+        index_bytes as f64 / steps() as f64,
         stats.journal_bytes_per_step(),
-        stats.observation_bytes as f64 / STEPS as f64,
+        stats.observation_bytes as f64 / steps() as f64,
     );
 
     let mut group = c.benchmark_group("recall");
@@ -232,9 +242,10 @@ fn bench(c: &mut Criterion) {
                     .expect("sizes");
                 let (p50, p99) = runtime.block_on(percentiles(&pg, &task));
                 println!(
-                    "recall/postgres: {STEPS} steps; search p50 {p50:.0} µs, p99 {p99:.0} µs; index {:.0} bytes/step (table + GIN + btrees), journal {:.0} bytes/step (table + indexes)",
-                    sizes.0 as f64 / STEPS as f64,
-                    sizes.1 as f64 / STEPS as f64,
+                    "recall/postgres: {} steps; search p50 {p50:.0} µs, p99 {p99:.0} µs; index {:.0} bytes/step (table + GIN + btrees), journal {:.0} bytes/step (table + indexes)",
+                    steps(),
+                    sizes.0 as f64 / steps() as f64,
+                    sizes.1 as f64 / steps() as f64,
                 );
                 group.bench_function("postgres/item_newest_5", |b| {
                     b.iter(|| {

@@ -15,6 +15,7 @@ mod error;
 mod fenced;
 mod history;
 mod inbox;
+pub mod metrics;
 mod migrate;
 mod model;
 mod postgres;

@@ -121,9 +121,11 @@ impl Checkpointer {
         }
         // Waits for a passive run in progress (it copies what the restart would copy).
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let started = std::time::Instant::now();
         let restarted = writer
             .busy_timeout(RESTART_WAIT)
             .and_then(|()| checkpoint(writer, "RESTART"));
+        crate::metrics::checkpointed("restart", started.elapsed());
         let _ = writer.busy_timeout(busy);
         match restarted {
             // The next commit writes the log from its beginning and reports its length anew.
@@ -175,7 +177,10 @@ fn run(conn: &Connection, nudged: &Receiver<()>, turn: &Mutex<()>) {
         }
         let passive = {
             let _turn = turn.lock().unwrap_or_else(|e| e.into_inner());
-            checkpoint(conn, "PASSIVE")
+            let started = std::time::Instant::now();
+            let passive = checkpoint(conn, "PASSIVE");
+            crate::metrics::checkpointed("passive", started.elapsed());
+            passive
         };
         match passive {
             // Under load a reader nearly always pins the newest pages, so "all copied" is

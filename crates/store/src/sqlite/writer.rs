@@ -25,14 +25,14 @@
 //! gone answers with an error, never a hang.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
 use super::checkpoint::{Checkpointer, hand_over};
 use super::ops::{Applied, Failure, Reply, Write};
-use crate::{Result, StoreError};
+use crate::{Result, StoreError, metrics};
 
 /// Requests waiting for the writer before callers wait to hand theirs over.
 const QUEUE: usize = 1024;
@@ -45,6 +45,8 @@ enum Request {
     Write {
         write: Box<Write>,
         reply: oneshot::Sender<Result<Reply>>,
+        /// When it was handed over (`skillstate_sqlite_write_wait_seconds`).
+        since: Instant,
     },
     /// Wait, holding no lock, until the `Turn` guard sent back is dropped.
     Turn(oneshot::Sender<Turn>),
@@ -134,6 +136,7 @@ impl Writer {
             .send(Request::Write {
                 write: Box::new(write),
                 reply,
+                since: Instant::now(),
             })
             .await
             .map_err(|_| self.gone())?;
@@ -211,6 +214,7 @@ fn run(
     let mut group: Vec<(Box<Write>, oneshot::Sender<Result<Reply>>)> =
         Vec::with_capacity(MAX_GROUP);
     let mut pending: Option<Request> = None;
+    let mut handed_over: Vec<Instant> = Vec::with_capacity(MAX_GROUP);
     loop {
         let first = match pending.take() {
             Some(request) => request,
@@ -218,7 +222,14 @@ fn run(
             None => receiver.blocking_recv()?,
         };
         match first {
-            Request::Write { write, reply } => group.push((write, reply)),
+            Request::Write {
+                write,
+                reply,
+                since,
+            } => {
+                group.push((write, reply));
+                handed_over.push(since);
+            }
             Request::Turn(reply) => {
                 let (done, finished) = oneshot::channel();
                 // A caller that stopped waiting drops the turn at once.
@@ -230,7 +241,14 @@ fn run(
         }
         while group.len() < MAX_GROUP {
             match receiver.try_recv() {
-                Ok(Request::Write { write, reply }) => group.push((write, reply)),
+                Ok(Request::Write {
+                    write,
+                    reply,
+                    since,
+                }) => {
+                    group.push((write, reply));
+                    handed_over.push(since);
+                }
                 Ok(other) => {
                     // Served after this group.
                     pending = Some(other);
@@ -239,8 +257,13 @@ fn run(
                 Err(_) => break,
             }
         }
+        let began = Instant::now();
+        for since in handed_over.drain(..) {
+            metrics::write_waited(began.saturating_duration_since(since));
+        }
         let writes: Vec<&Write> = group.iter().map(|(write, _)| &**write).collect();
-        let results = commit_group(conn, &writes, location);
+        let (results, commit) = commit_group(conn, &writes, location);
+        metrics::group_committed(writes.len(), began.elapsed(), commit);
         if let Some(checkpointer) = checkpointer {
             checkpointer.nudge();
         }
@@ -257,8 +280,12 @@ fn run(
 }
 
 /// Runs `writes` in one transaction, each under its own savepoint, and returns one result per
-/// write, in order. A write reported `Ok` is committed.
-fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Result<Reply>> {
+/// write, in order, and how long the COMMIT took. A write reported `Ok` is committed.
+fn commit_group(
+    conn: &Connection,
+    writes: &[&Write],
+    location: &str,
+) -> (Vec<Result<Reply>>, Duration) {
     let error = |failure: Failure| match failure {
         Failure::Refused(error) => error,
         Failure::Sql(error) => StoreError::Write {
@@ -272,7 +299,7 @@ fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Res
     };
     if let Err(failure) = conn.execute_batch("BEGIN IMMEDIATE") {
         let message = failure.to_string();
-        return writes
+        let failed = writes
             .iter()
             .map(|_| {
                 Err(StoreError::Write {
@@ -281,6 +308,7 @@ fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Res
                 })
             })
             .collect();
+        return (failed, Duration::ZERO);
     }
     let mut results = Vec::with_capacity(writes.len());
     // Set when the transaction itself broke.
@@ -307,11 +335,17 @@ fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Res
             }
         }
     }
+    let mut committing = Duration::ZERO;
     let commit = if broken {
         Err("an earlier write of the same group broke the transaction".to_owned())
     } else {
         index_deferred(conn)
-            .and_then(|()| conn.execute_batch("COMMIT"))
+            .and_then(|()| {
+                let started = Instant::now();
+                let committed = conn.execute_batch("COMMIT");
+                committing = started.elapsed();
+                committed
+            })
             .map_err(|e| e.to_string())
     };
     if let Err(message) = commit {
@@ -329,9 +363,9 @@ fn commit_group(conn: &Connection, writes: &[&Write], location: &str) -> Vec<Res
             .map(|result| result.and_then(|_| Err(failed())))
             .collect();
         all.resize_with(writes.len(), || Err(failed()));
-        return all;
+        return (all, committing);
     }
-    results
+    (results, committing)
 }
 
 /// Marks the group's transaction so that the recall entries its writes insert are indexed
