@@ -61,7 +61,11 @@ pub(crate) fn write_waited(waited: std::time::Duration) {
     metrics::histogram!(WRITE_WAIT).record(waited.as_secs_f64());
 }
 
-pub(crate) fn group_committed(writes: usize, took: std::time::Duration, commit: std::time::Duration) {
+pub(crate) fn group_committed(
+    writes: usize,
+    took: std::time::Duration,
+    commit: std::time::Duration,
+) {
     metrics::histogram!(GROUP).record(took.as_secs_f64());
     metrics::histogram!(COMMIT).record(commit.as_secs_f64());
     metrics::histogram!(GROUP_WRITES).record(writes as f64);
