@@ -289,14 +289,24 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    #[test]
-    fn the_log_is_copied_back_by_the_thread_not_by_the_committer() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("c.db");
+    /// A database `name` in `dir`, in WAL mode, with a table `t (x BLOB)`, and its writer's
+    /// connection handed over as the store's writer hands its own.
+    fn handed_over(
+        dir: &tempfile::TempDir,
+        name: &str,
+    ) -> anyhow::Result<(std::path::PathBuf, Connection)> {
+        let path = dir.path().join(name);
         let writer = Connection::open(&path)?;
         writer.pragma_update(None, "journal_mode", "WAL")?;
         hand_over(&writer)?;
         writer.execute_batch("CREATE TABLE t (x BLOB)")?;
+        Ok((path, writer))
+    }
+
+    #[test]
+    fn the_log_is_copied_back_by_the_thread_not_by_the_committer() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (path, writer) = handed_over(&dir, "c.db")?;
         // Far beyond SQLite's default threshold of 1,000 pages: had the committing connection
         // checkpointed, the database file would hold the rows.
         for _ in 0..300 {
@@ -322,15 +332,12 @@ mod tests {
         assert!(log < 10, "the log did not start over: {log} pages");
         Ok(())
     }
+
     #[test]
     fn a_restart_waits_for_a_passive_run_asked_for_unless_the_log_is_at_its_bound()
     -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("a.db");
-        let writer = Connection::open(&path)?;
-        writer.pragma_update(None, "journal_mode", "WAL")?;
-        hand_over(&writer)?;
-        writer.execute_batch("CREATE TABLE t (x BLOB)")?;
+        let (path, writer) = handed_over(&dir, "a.db")?;
         writer.execute("INSERT INTO t VALUES (zeroblob(16000))", [])?;
         let checkpointer = Checkpointer::start(&path, "FULL").map_err(anyhow::Error::msg)?;
         let busy = Duration::from_secs(10);
@@ -382,14 +389,10 @@ mod tests {
     #[test]
     fn the_log_starts_over_under_steady_reads_instead_of_growing() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("r.db");
-        let writer = Connection::open(&path)?;
-        writer.pragma_update(None, "journal_mode", "WAL")?;
-        writer.pragma_update(None, "synchronous", "OFF")?;
-        hand_over(&writer)?;
         // Rows appended and the oldest deleted: the database stays small while the log takes
         // everything.
-        writer.execute_batch("CREATE TABLE t (x BLOB)")?;
+        let (path, writer) = handed_over(&dir, "r.db")?;
+        writer.pragma_update(None, "synchronous", "OFF")?;
         let checkpointer = Checkpointer::start(&path, "OFF").map_err(anyhow::Error::msg)?;
         // A reader that never lets up, as the HTTP point reads do under load.
         let stop = Arc::new(AtomicBool::new(false));
