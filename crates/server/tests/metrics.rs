@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use axum::http::Method;
 use serde_json::json;
 use skillstate_envs::oracle::OracleModel;
 use skillstate_envs::warehouse::{WarehouseConfig, generate_events, reference_answer};
@@ -355,6 +356,101 @@ async fn requests_are_counted_under_their_route_template_with_their_status() {
         after
             .text
             .contains("# HELP skillstate_http_requests_total ")
+    );
+
+    api.stop().await;
+    harness.db.destroy().await;
+}
+
+/// State PATCHes on SQLite: each write's wait for its group commit is recorded, and the groups
+/// that committed them (their time, their COMMIT's, and how many writes each held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_writes_are_timed_by_the_sqlite_writer() {
+    let _turn = SERIAL.lock().await;
+    let harness = Harness::new(Db::sqlite().await).await;
+    let api = Socket::start(harness.state.clone()).await;
+    let (key, _) = harness.key("acme").await;
+    let id = create(&api, &key, 4).await;
+    let state = api
+        .send(Call::get(format!("/v1/tasks/{id}/state")).key(&key))
+        .await;
+    state.expect(200);
+    let mut etag = state.header("etag").unwrap().to_owned();
+
+    let before = scrape(&api).await;
+    const WRITES: usize = 5;
+    for n in 0..WRITES {
+        let patch = json!({"inventory": {"shelf_7": format!("item_{n}")}});
+        let reply = api
+            .send(
+                Call::new(Method::PATCH, format!("/v1/tasks/{id}/state"))
+                    .key(&key)
+                    .header("if-match", &etag)
+                    .raw(
+                        "application/merge-patch+json",
+                        serde_json::to_vec(&patch).unwrap(),
+                    ),
+            )
+            .await;
+        reply.expect(200);
+        etag = reply.header("etag").unwrap().to_owned();
+    }
+    let after = scrape(&api).await;
+    after.check_histograms();
+
+    // Other writes of the process may share the writer (none are expected here): at least one
+    // wait per PATCH, and groups that held at least the PATCHes.
+    let waits = grew(
+        &before,
+        &after,
+        "skillstate_sqlite_write_wait_seconds_count",
+        &[],
+    );
+    assert!(waits >= WRITES as f64, "{waits} waits for {WRITES} PATCHes");
+    let written = grew(&before, &after, "skillstate_sqlite_group_writes_sum", &[]);
+    assert!(written >= WRITES as f64, "{written} writes in groups");
+    let groups = grew(
+        &before,
+        &after,
+        "skillstate_sqlite_group_seconds_count",
+        &[],
+    );
+    assert!(
+        groups >= 1.0 && groups <= written,
+        "{groups} groups for {written} writes"
+    );
+    // One after another, each PATCH waited for its answer: a group each.
+    assert!(
+        groups >= WRITES as f64,
+        "{groups} groups for {WRITES} PATCHes in turn"
+    );
+    assert_eq!(
+        grew(
+            &before,
+            &after,
+            "skillstate_sqlite_commit_seconds_count",
+            &[]
+        ),
+        groups
+    );
+    assert_eq!(
+        grew(&before, &after, "skillstate_sqlite_group_writes_count", &[]),
+        groups
+    );
+    let group_time = grew(&before, &after, "skillstate_sqlite_group_seconds_sum", &[]);
+    let commit_time = grew(&before, &after, "skillstate_sqlite_commit_seconds_sum", &[]);
+    assert!(
+        group_time > 0.0 && commit_time > 0.0 && commit_time <= group_time,
+        "group {group_time} s, commit {commit_time} s"
+    );
+    assert_eq!(
+        after.types["skillstate_sqlite_write_wait_seconds"],
+        "histogram"
+    );
+    assert!(
+        after
+            .text
+            .contains("# HELP skillstate_sqlite_group_seconds ")
     );
 
     api.stop().await;
