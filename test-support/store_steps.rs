@@ -1,6 +1,7 @@
-//! Tasks and steps for the store's tests outside the conformance suite (`tests/pgbouncer.rs`,
-//! `tests/pg_partitions.rs`, `tests/group_commit.rs`): a free-form skill, a task of it, an
-//! accepted step with an action. Each test binary uses what it needs of them.
+//! Tasks and steps for the store's tests (the conformance suite, `tests/pgbouncer.rs`,
+//! `tests/pg_partitions.rs`, `tests/group_commit.rs`, `tests/task_specs.rs`): a free-form
+//! skill, a task of it, an accepted step with an action. Each test binary uses what it needs of
+//! them.
 #![allow(dead_code)]
 
 use serde_json::{Value, json};

@@ -23,6 +23,10 @@ mod skip;
 #[path = "../../../test-support/pgbouncer.rs"]
 mod pgbouncer;
 
+#[path = "../../../test-support/store_steps.rs"]
+mod store_steps;
+use store_steps::free_skill;
+
 #[path = "conformance/boards.rs"]
 mod boards;
 
@@ -338,30 +342,8 @@ where
 // ---------------------------------------------------------------------------------------------
 // Test data
 
-fn definition() -> SkillDefinition {
-    SkillDefinition {
-        name: "free".into(),
-        description: "free-form state".into(),
-        metadata: None,
-        procedure: "anything".into(),
-        schema: json!({"type": "object"}),
-        initial_state: json!({}),
-        settings: Default::default(),
-        migrations: Vec::new(),
-    }
-}
-
 fn new_task() -> NewTask {
-    NewTask {
-        skill: definition(),
-        tools: Vec::new(),
-        context: ContextStrategy::State,
-        context_budget: None,
-        model: "scripted:test".into(),
-        environment: None,
-        env_checkpoint: None,
-        opening_observation: "start".into(),
-    }
+    store_steps::free_task("start".into())
 }
 
 fn accepted(step: u64, patch: &Value, hash: &str) -> JournalEntry {

@@ -4,6 +4,9 @@
 //! WAL pages whatever the size of the task's skill and tools.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../../test-support/store_steps.rs"]
+mod store_steps;
+
 use std::path::Path;
 
 use anyhow::{Context, ensure};
@@ -91,17 +94,7 @@ fn big_skill() -> (SkillDefinition, Vec<ToolSpec>) {
 }
 
 fn small_skill() -> (SkillDefinition, Vec<ToolSpec>) {
-    let skill = SkillDefinition {
-        name: "free".into(),
-        description: "free-form state".into(),
-        metadata: None,
-        procedure: "anything".into(),
-        schema: json!({"type": "object"}),
-        initial_state: json!({}),
-        settings: Default::default(),
-        migrations: Vec::new(),
-    };
-    (skill, Vec::new())
+    (store_steps::free_skill(), Vec::new())
 }
 
 fn new_task((skill, tools): (SkillDefinition, Vec<ToolSpec>)) -> NewTask {

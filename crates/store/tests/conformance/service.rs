@@ -425,7 +425,7 @@ async fn listings_filter_by_status_skill_and_string_label() -> anyhow::Result<()
         let other_skill = NewTask {
             skill: SkillDefinition {
                 name: "other".into(),
-                ..definition()
+                ..free_skill()
             },
             ..new_task()
         };

@@ -13,7 +13,7 @@ fn guarded_task() -> NewTask {
                 "type": "object",
                 "properties": {"owner": {"type": "string", "readOnly": true}}
             }),
-            ..definition()
+            ..free_skill()
         },
         ..new_task()
     }

@@ -9,7 +9,7 @@ fn other_task() -> NewTask {
     NewTask {
         skill: SkillDefinition {
             procedure: "Another procedure.".into(),
-            ..definition()
+            ..free_skill()
         },
         ..new_task()
     }
@@ -69,7 +69,7 @@ async fn tasks_of_one_skill_store_it_once_and_the_last_one_takes_it_along() -> a
         let other = store.create_task(other_task(), &json!({})).await?;
         assert_eq!(versions_stored(&db).await?, 2);
         for id in &ids {
-            assert_eq!(store.task(id).await?.skill, definition());
+            assert_eq!(store.task(id).await?.skill, free_skill());
         }
         assert_eq!(
             store.task(&other.id).await?.skill.procedure,
@@ -87,7 +87,7 @@ async fn tasks_of_one_skill_store_it_once_and_the_last_one_takes_it_along() -> a
         assert_eq!(versions_stored(&db).await?, 0);
         // A new task of the collected skill stores it again.
         let again = store.create_task(new_task(), &json!({})).await?;
-        assert_eq!(store.task(&again.id).await?.skill, definition());
+        assert_eq!(store.task(&again.id).await?.skill, free_skill());
         assert_eq!(versions_stored(&db).await?, 1);
         Ok(())
     })
