@@ -17,6 +17,7 @@ use skillstate_providers::Price;
 use skillstate_store::Store;
 use tokio::sync::watch;
 
+use crate::board_turns::BoardTurns;
 use crate::config::ServerConfig;
 use crate::factory::TaskFactory;
 use crate::offload::Offload;
@@ -51,6 +52,8 @@ pub struct AppState {
     /// The operator's secret values: a request body is outside text, and what an error quotes
     /// of it is redacted of them (`json.rs`).
     pub(crate) secrets: Arc<Redactor>,
+    /// Board writes of this process take turns per board ([`crate::board_turns`]).
+    pub(crate) board_turns: Arc<BoardTurns>,
 }
 
 /// Tells long-lived responses (event streams) that the server is shutting down, so the
@@ -98,6 +101,7 @@ impl AppState {
             prices: Arc::default(),
             local_key: None,
             secrets: Arc::default(),
+            board_turns: Arc::new(BoardTurns::new()),
         }
     }
 

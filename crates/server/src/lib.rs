@@ -30,6 +30,7 @@
 mod app;
 mod auth;
 pub mod batch_report;
+mod board_turns;
 mod config;
 mod context;
 mod factory;

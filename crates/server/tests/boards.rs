@@ -434,8 +434,8 @@ async fn boards(harness: &Harness, api: &dyn Transport) {
 /// refused with 412 when it moved, and retry from the fresh value — no increment is lost.
 async fn racing_clients(harness: &Harness, base: &str) {
     let api = Remote::to(base);
-    const CLIENTS: usize = 4;
-    const ROUNDS: u64 = 3;
+    const CLIENTS: usize = 8;
+    const ROUNDS: u64 = 4;
     let (key, _) = harness.key("race").await;
     let created = api
         .send(Call::post(

@@ -38,8 +38,10 @@ use crate::views::{
 pub use skillstate_core::board::BOARD_STATE_TOKENS;
 
 /// How often a write whose board moved between its read and its commit is tried again before
-/// the caller is told to retry.
-const COMMIT_ATTEMPTS: usize = 8;
+/// the caller is told to retry. Writes sent to this process take turns
+/// ([`crate::board_turns`]), so only writers it cannot see move the board under a write:
+/// member tasks' steps and other server processes. Each lost try means one of theirs landed.
+const COMMIT_ATTEMPTS: usize = 32;
 
 /// Writes per page when the caller gives no `limit`, and the most it may ask for.
 pub const DEFAULT_WRITE_PAGE: u32 = 100;
@@ -418,20 +420,11 @@ pub async fn patch_board_state(
     }
     // Compiling the schema and checking the patch are the CPU-heavy part: off the async
     // workers, under the work deadline (abandoned then; they write nothing).
-    let stored = board.schema.clone();
-    let schema = state
-        .offload
-        .run("compiling the board's schema", async move {
-            StateSchema::compile(stored)
-        })
-        .await?
-        .map_err(|defect| {
-            ApiError::Internal(format!(
-                "board {}: the stored schema does not compile at {}: {}",
-                board.id, defect.pointer, defect.message
-            ))
-        })?;
-    let schema = std::sync::Arc::new(schema);
+    let mut schema = compiled_schema(&state, &board).await?;
+    // From here to the commit, this process's other writes to the board wait. The board read
+    // above may be stale by then; its commit then fails once and is judged again on the
+    // newest, under the turn.
+    let _turn = state.board_turns.turn(&board.id).await;
     // The state the patch was computed on, for the rebase of a stale write.
     let base = if if_match == board.version {
         board.state.clone()
@@ -505,6 +498,10 @@ pub async fn patch_board_state(
             // Someone committed between the read and this commit: judged again on the newest.
             Err(StoreError::BoardMoved { .. }) => {
                 board = owned_board(&state, &caller, &id).await?;
+                // A schema change (`board upgrade`) is a write too: judge by the new one.
+                if board.schema != *schema.document() {
+                    schema = compiled_schema(&state, &board).await?;
+                }
             }
             Err(StoreError::NoSuchBoard(_)) => return Err(ApiError::no_board(&id)),
             Err(other) => return Err(other.into()),
@@ -515,6 +512,27 @@ pub async fn patch_board_state(
             "the board kept moving while this write was committed ({COMMIT_ATTEMPTS} attempts); GET the state again and retry"
         ),
     })
+}
+
+/// `board`'s stored schema compiled, off the async workers.
+async fn compiled_schema(
+    state: &AppState,
+    board: &BoardRecord,
+) -> Result<std::sync::Arc<StateSchema>, ApiError> {
+    let stored = board.schema.clone();
+    let schema = state
+        .offload
+        .run("compiling the board's schema", async move {
+            StateSchema::compile(stored)
+        })
+        .await?
+        .map_err(|defect| {
+            ApiError::Internal(format!(
+                "board {}: the stored schema does not compile at {}: {}",
+                board.id, defect.pointer, defect.message
+            ))
+        })?;
+    Ok(std::sync::Arc::new(schema))
 }
 
 /// A 422 listing `rejections`. Their texts were rendered for the caller by core: schema
