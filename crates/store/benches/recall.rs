@@ -23,9 +23,9 @@ use skillstate_store::{
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::runtime::Runtime;
 
-/// Steps of the journal searched: 10,000 under `cargo bench`; 1,000 when `cargo test
-/// --benches` runs each benchmark once as a smoke test (criterion's test mode, no `--bench`
-/// argument), where filling 10,000 steps twice in a debug build took most of a minute.
+/// Steps of the journal searched: 10,000 under `cargo bench`; 1,000 when `cargo test --bench
+/// '*'` (scripts/test) runs each benchmark once as a smoke test (criterion's test mode, no
+/// `--bench` argument), where filling 10,000 steps twice in a debug build took most of a minute.
 fn steps() -> u64 {
     if std::env::args().any(|arg| arg == "--bench") {
         10_000

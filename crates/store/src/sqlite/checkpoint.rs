@@ -146,11 +146,8 @@ impl Checkpointer {
     /// own connection: starts the log over once it is long enough.
     ///
     /// Writes wait while the log starts over, for as long as it takes to copy what the passive
-    /// runs have not copied yet and to sync the database file: with a run at most every `GAP`,
-    /// up to a quarter of a second of log, 15 ms on average and up to 50 ms under 3,000 state
-    /// writes a second (`skillstate_sqlite_checkpoint_seconds`), which was the tail of a
-    /// PATCH's latency; most of it was the sync of what the passive runs had copied, now synced
-    /// by them (`passive_run`). So once the log passes `ASK_PAGES` the writer asks the thread for a
+    /// runs have not copied yet and to sync what it copied (the passive runs sync their own:
+    /// `passive_run`). So once the log passes `ASK_PAGES` the writer asks the thread for a
     /// passive run at once and goes on committing; after that run it starts the log over,
     /// copying only what was committed during the run. Past `RESTART_PAGES` it starts the log
     /// over whatever the thread does. A restart that fails (a reader outlasting

@@ -20,7 +20,7 @@ use crate::StoreError;
 use crate::queue::{Claimed, RateDecision};
 
 /// One write.
-// Travels boxed (`writer::Request::Write`), so the sizes of its variants cost nothing.
+// Travels boxed (`writer::Handed`), so the sizes of its variants cost nothing.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Write {
     NewTasks(NewTasks),

@@ -41,13 +41,16 @@ const MAX_GROUP: usize = 256;
 /// How long the writer waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A write handed to the writer, where its answer goes, and when it was handed over
+/// (`skillstate_sqlite_write_wait_seconds`).
+struct Handed {
+    write: Box<Write>,
+    reply: oneshot::Sender<Result<Reply>>,
+    since: Instant,
+}
+
 enum Request {
-    Write {
-        write: Box<Write>,
-        reply: oneshot::Sender<Result<Reply>>,
-        /// When it was handed over (`skillstate_sqlite_write_wait_seconds`).
-        since: Instant,
-    },
+    Write(Handed),
     /// Wait, holding no lock, until the `Turn` guard sent back is dropped.
     Turn(oneshot::Sender<Turn>),
     /// Finish what was handed over, then stop; answered once the writer's connections are
@@ -133,11 +136,11 @@ impl Writer {
     pub(super) async fn submit(&self, write: Write) -> Result<Reply> {
         let (reply, answer) = oneshot::channel();
         self.sender
-            .send(Request::Write {
+            .send(Request::Write(Handed {
                 write: Box::new(write),
                 reply,
                 since: Instant::now(),
-            })
+            }))
             .await
             .map_err(|_| self.gone())?;
         answer.await.map_err(|_| self.gone())?
@@ -211,10 +214,8 @@ fn run(
     location: &str,
     checkpointer: Option<&Checkpointer>,
 ) -> Option<oneshot::Sender<()>> {
-    let mut group: Vec<(Box<Write>, oneshot::Sender<Result<Reply>>)> =
-        Vec::with_capacity(MAX_GROUP);
+    let mut group: Vec<Handed> = Vec::with_capacity(MAX_GROUP);
     let mut pending: Option<Request> = None;
-    let mut handed_over: Vec<Instant> = Vec::with_capacity(MAX_GROUP);
     loop {
         let first = match pending.take() {
             Some(request) => request,
@@ -222,14 +223,7 @@ fn run(
             None => receiver.blocking_recv()?,
         };
         match first {
-            Request::Write {
-                write,
-                reply,
-                since,
-            } => {
-                group.push((write, reply));
-                handed_over.push(since);
-            }
+            Request::Write(handed) => group.push(handed),
             Request::Turn(reply) => {
                 let (done, finished) = oneshot::channel();
                 // A caller that stopped waiting drops the turn at once.
@@ -241,14 +235,7 @@ fn run(
         }
         while group.len() < MAX_GROUP {
             match receiver.try_recv() {
-                Ok(Request::Write {
-                    write,
-                    reply,
-                    since,
-                }) => {
-                    group.push((write, reply));
-                    handed_over.push(since);
-                }
+                Ok(Request::Write(handed)) => group.push(handed),
                 Ok(other) => {
                     // Served after this group.
                     pending = Some(other);
@@ -258,18 +245,18 @@ fn run(
             }
         }
         let began = Instant::now();
-        for since in handed_over.drain(..) {
-            metrics::write_waited(began.saturating_duration_since(since));
+        for handed in &group {
+            metrics::write_waited(began.saturating_duration_since(handed.since));
         }
-        let writes: Vec<&Write> = group.iter().map(|(write, _)| &**write).collect();
+        let writes: Vec<&Write> = group.iter().map(|handed| &*handed.write).collect();
         let (results, commit) = commit_group(conn, &writes, location);
         metrics::group_committed(writes.len(), began.elapsed(), commit);
         if let Some(checkpointer) = checkpointer {
             checkpointer.nudge();
         }
-        for ((_, reply), result) in group.drain(..).zip(results) {
+        for (handed, result) in group.drain(..).zip(results) {
             // A caller that stopped waiting no longer needs its answer.
-            let _ = reply.send(result);
+            let _ = handed.reply.send(result);
         }
         // After the answers: the group is committed, and its callers need not wait for the
         // log to start over.
