@@ -198,6 +198,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "carried_observations",
         sql: include_str!("../migrations/postgres/0019_carried_observations.sql"),
     },
+    Migration {
+        version: 20,
+        name: "leaner_step",
+        sql: include_str!("../migrations/postgres/0020_leaner_step.sql"),
+    },
 ];
 
 /// The PostgreSQL migration that runs online, in several transactions of its own.

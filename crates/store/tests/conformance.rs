@@ -733,6 +733,73 @@ async fn a_held_back_result_lands_with_the_next_step_or_not_at_all() -> anyhow::
     .await
 }
 
+/// A held-back result's world checkpoint and the step's own world land in the task's row with
+/// the step: the step's world wins, a result without a checkpoint keeps the stored one and its
+/// step. (PostgreSQL writes the row once for both since schema 20.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_checkpoint_and_the_steps_world_land_in_one_write() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let initial = json!({});
+        let task = store.create_task(new_task(), &initial).await?;
+        let mut state = initial;
+        let mut commit_with = |step: u64, result: Option<ActionResult>| {
+            let mut commit = step_commit(step, &state, json!({"n": step}), true);
+            commit.previous_result = result;
+            state = commit.new_state.clone();
+            commit
+        };
+        store
+            .commit_step(&task.id, 0, &commit_with(1, None))
+            .await?;
+        // The result of step 1 carries a checkpoint: it is the task's, taken at step 1.
+        store
+            .commit_step(&task.id, 1, &commit_with(2, Some(action_result(1))))
+            .await?;
+        let stored = store.task(&task.id).await?;
+        assert_eq!(
+            (stored.env_checkpoint, stored.env_checkpoint_step),
+            (Some(json!({"tick": 1})), Some(1))
+        );
+        // A result without one keeps it.
+        let plain = ActionResult {
+            env_checkpoint: None,
+            ..action_result(2)
+        };
+        store
+            .commit_step(&task.id, 2, &commit_with(3, Some(plain)))
+            .await?;
+        let stored = store.task(&task.id).await?;
+        assert_eq!(
+            (stored.env_checkpoint, stored.env_checkpoint_step),
+            (Some(json!({"tick": 1})), Some(1))
+        );
+        // A stop that carries the world and a result with a checkpoint: the world wins.
+        let mut stop = commit_with(4, Some(action_result(3)));
+        stop.intent = None;
+        stop.status = Some((TaskStatus::Completed, None));
+        stop.world = Some(json!({"final": true}));
+        store.commit_step(&task.id, 3, &stop).await?;
+        let stored = store.task(&task.id).await?;
+        assert_eq!(stored.status, TaskStatus::Completed);
+        assert_eq!(stored.version, 4);
+        assert_eq!(
+            (stored.env_checkpoint, stored.env_checkpoint_step),
+            (Some(json!({"final": true})), Some(3))
+        );
+        // Every result landed, each with its observation.
+        let intents = store.intents(&task.id).await?;
+        assert_eq!(intents.len(), 3);
+        assert!(intents.iter().all(|i| i.done));
+        assert_eq!(
+            store.observation(&task.id, 4).await?.as_deref(),
+            Some("observation 4")
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// The environment checkpoint records the step whose result it includes: a result without one
 /// keeps the stored checkpoint and its step, and a step that stops the task may carry the
 /// world as of the step before it. A refused commit writes neither.
@@ -1470,7 +1537,7 @@ async fn storage_stats_count_the_bytes_of_what_is_stored() -> anyhow::Result<()>
 fn latest_schema(backend: Backend) -> i64 {
     match backend {
         Backend::Sqlite => 17,
-        Backend::Postgres | Backend::PgBouncer => 19,
+        Backend::Postgres | Backend::PgBouncer => 20,
     }
 }
 

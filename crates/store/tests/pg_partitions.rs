@@ -395,8 +395,9 @@ async fn a_partition_holding_a_live_task_is_kept() {
     drop_schema(&url, &name).await;
 }
 
-/// Copies every row of the store tables of schema `from` into `to` (same columns), through
-/// `pool`, whose `search_path` is `to` (the tables triggers write).
+/// Copies every row of the store tables of schema `from` into `to` (the columns `to` has; a
+/// later schema may have added some), through `pool`, whose `search_path` is `to` (the tables
+/// triggers write).
 async fn copy_rows(pool: &PgPool, from: &str, to: &str) {
     for table in [
         "skill_versions",
@@ -407,8 +408,17 @@ async fn copy_rows(pool: &PgPool, from: &str, to: &str) {
         "journal",
         "intents",
     ] {
+        let columns: String = sqlx::query_scalar(
+            "SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) \
+             FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
+        )
+        .bind(to)
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap();
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "INSERT INTO {to}.{table} SELECT * FROM {from}.{table}"
+            "INSERT INTO {to}.{table} ({columns}) SELECT {columns} FROM {from}.{table}"
         )))
         .execute(pool)
         .await
