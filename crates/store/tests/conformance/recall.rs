@@ -554,6 +554,68 @@ async fn an_observation_carried_over_a_state_write_is_not_indexed_again() -> any
     .await
 }
 
+/// A held-back result's observation, written by the next step's commit (the path a worker
+/// takes), is indexed by the same rules as one recorded on its own: found at its step, never
+/// when it is a recall result or follows a step someone other than the model wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_observation_is_indexed_by_the_same_rules() -> anyhow::Result<()> {
+    on_each_backend(|db| async move {
+        let store = db.open().await?;
+        let task = store.create_task(new_task(), &json!({})).await?.id;
+        // Each step acts; its result lands with the next step's commit. Step 2 recalls, step 3
+        // is written by someone other than the model (with an action all the same).
+        let mut state = json!({});
+        let mut previous: Option<ActionResult> = None;
+        for (step, tool, author, observed) in [
+            (1, "store", None, "Stored item_501 on shelf_3."),
+            (2, "recall", None, "Found item_502 at step 1."),
+            (3, "store", Some("key-1"), "Stored item_503 as asked."),
+            (4, "store", None, "Stored item_504."),
+        ] {
+            let mut commit = step_commit(step, &state, json!({"n": step}), true);
+            commit.entry.author = author.map(str::to_owned);
+            if let Some(intent) = commit.intent.as_mut() {
+                intent.tool = tool.to_owned();
+            }
+            commit.previous_result = previous.take();
+            store.commit_step(&task, step - 1, &commit).await?;
+            state = commit.new_state;
+            previous = Some(ActionResult {
+                next_observation: observed.to_owned(),
+                ..action_result(step)
+            });
+        }
+        // The last result lands with the step that finishes the task.
+        let mut stop = step_commit(5, &state, json!({"n": 5}), false);
+        stop.previous_result = previous.take();
+        stop.status = Some((TaskStatus::Completed, None));
+        store.commit_step(&task, 4, &stop).await?;
+
+        let mut observed_at = Vec::new();
+        for item in ["item_501", "item_502", "item_503", "item_504"] {
+            let hits = found(store.as_ref(), &task, &words(item), 50).await?;
+            observed_at.push(
+                hits.iter()
+                    .filter(|(_, kind, _)| *kind == RecallKind::Observation)
+                    .map(|(step, _, _)| *step)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(observed_at, vec![vec![2], vec![], vec![], vec![5]]);
+        // Indexed or not, every observation is stored.
+        assert_eq!(
+            store.observation(&task, 3).await?.as_deref(),
+            Some("Found item_502 at step 1.")
+        );
+        assert_eq!(
+            store.observation(&task, 4).await?.as_deref(),
+            Some("Stored item_503 as asked.")
+        );
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_from_before_recall_is_indexed_by_its_migration() -> anyhow::Result<()> {
     on_each_backend(|db| async move {
